@@ -1,0 +1,369 @@
+"""`python -m tuner.emulator <sglang serve flags>`: an SGLang 0.5.23 server without a GPU.
+
+The launcher behaves like `sglang.launch_server`: argparse errors exit 2; resolution errors
+print a traceback and exit 1; a scheduler process loads the (simulated) weights, sizes the KV
+pool and captures CUDA graphs while the HTTP port stays closed, and on a failure logs
+"Scheduler hit an exception", SIGQUITs the launcher, which logs "Received sigquit from a child
+process" and SIGKILLs itself (exit -9).  Then uvicorn serves, a warm-up request runs, and
+"The server is fired up and ready to roll!" is logged.
+
+Environment knobs (emulator only, never read by the tuner):
+  SGLANG_EMULATOR_TIME_SCALE   multiplies every simulated duration (default 1.0)
+  SGLANG_EMULATOR_LOAD_SCALE   multiplies start-up durations on top of it (default 1.0)
+  SGLANG_EMULATOR_SEED         seeds step-time noise and sampled acceptance
+  SGLANG_EMULATOR_NOISE        relative std-dev of a decode step's time (default 0.02)
+  SGLANG_EMULATOR_FAULT        crash_after_tokens=N | hang_after_tokens=N | exit_after_tokens=N
+  SGLANG_EMULATOR_PROFILE      a JSON profile (see profiles.py) instead of the built-in ones
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import os
+import select
+import shlex
+import signal
+import sys
+import time
+import traceback
+
+from . import model as m
+from .args import Resolved, model_not_found, parse_args, resolve
+from .profiles import find_profile
+
+DATEFMT = "%Y-%m-%d %H:%M:%S"
+CUDA_GRAPH_CAPTURE_FAILED_MSG = (
+    "Possible solutions:\n"
+    "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)\n"
+    "2. set --cuda-graph-max-bs-decode to a smaller value (e.g., 16)\n"
+    "3. disable decode CUDA graph by --cuda-graph-backend-decode=disabled. "
+    "(Not recommended. Huge performance loss)\n"
+    "Open an issue on GitHub https://github.com/sgl-project/sglang/issues/new/choose \n"
+)
+
+logger = logging.getLogger("sglang.launch_server")
+sched_logger = logging.getLogger("sglang.srt.managers.scheduler")
+
+
+class _Formatter(logging.Formatter):
+    """SGLang's "[time] msg", with " TP0" for scheduler-process records."""
+
+    def __init__(self, rank_prefix: str, every_record: bool):
+        super().__init__("[%(asctime)s%(rank)s] %(message)s", DATEFMT)
+        self.rank_prefix = rank_prefix
+        self.every_record = every_record
+
+    def format(self, record: logging.LogRecord) -> str:
+        scheduler_side = self.every_record or record.name.startswith(("sglang.srt.managers", "sglang.srt.model"))
+        record.rank = self.rank_prefix if scheduler_side else ""
+        return super().format(record)
+
+
+def _configure_logging(level: str, *, scheduler_process: bool = False) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_Formatter(" TP0", scheduler_process))
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler], force=True)
+    for noisy in ("httpx", "httpcore"):  # SGLang quiets these in every process too
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _scale(name: str, default: float = 1.0) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def _die_with_parent() -> None:
+    """The scheduler dies with the launcher (SGLang: kill_itself_when_parent_died)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _memory_spec(resolved: Resolved) -> m.SpecShape:
+    """Adaptive mode sizes draft buffers for its largest candidate."""
+    if resolved.adaptive:
+        steps = resolved.adaptive_max_steps
+        return m.SpecShape(resolved.spec.algorithm, steps, 1, steps + 1)
+    return resolved.spec
+
+
+def plan_memory(resolved: Resolved) -> m.MemoryPlan:
+    return m.size_memory(
+        resolved.profile,
+        tp=resolved.tp,
+        dp=resolved.dp,
+        mem_fraction_static=resolved.mem_fraction_static,
+        spec=_memory_spec(resolved),
+        max_running_requests=resolved.max_running_requests,
+        max_total_tokens=resolved.raw.get("max_total_tokens"),
+        chunked_prefill_size=resolved.chunked_prefill_size,
+        cuda_graph_max_bs=resolved.cuda_graph_max_bs,
+        page_size=resolved.page_size,
+    )
+
+
+def _run_scheduler(resolved: Resolved, write_fd: int, parent: int, load_scale: float) -> None:
+    """The scheduler process: load, size pools, capture graphs; report or SIGQUIT the parent."""
+    _die_with_parent()
+    _configure_logging(resolved.raw.get("log_level") or "info", scheduler_process=True)
+    log = logging.getLogger("sglang.srt.model_executor.model_runner")
+    profile = resolved.profile
+    spec = resolved.spec
+    try:
+        gpu_gib = profile.gpu.total_mib / 1024
+        pre = gpu_gib - profile.gpu.context_mib / 1024
+        log.info("Init torch distributed begin.")
+        time.sleep(1.5 * load_scale)
+        log.info(f"Init torch distributed ends. elapsed={1.5 * load_scale:.2f} s, mem usage={profile.gpu.context_mib / 1024:.2f} GB")
+        log.info(f"Load weight begin. avail mem={pre:.2f} GB")
+        time.sleep(profile.load_s * load_scale)
+        plan_error: Exception | None = None
+        try:
+            plan = plan_memory(resolved)
+        except m.MemoryFailure as failure:
+            plan, plan_error = None, failure
+        weights = m._per_gpu(profile.memory.weights_gib, profile, resolved.tp)
+        log.info(
+            f"Load weight end. elapsed={profile.load_s * load_scale:.2f} s, type={profile.architecture}, "
+            f"avail mem={pre - weights:.2f} GB, mem usage={weights:.2f} GB."
+        )
+        if spec.enabled and spec.algorithm != "NGRAM":
+            draft = m._per_gpu(profile.memory.draft_weights_gib, profile, resolved.tp)
+            time.sleep(0.1 * profile.load_s * load_scale)
+            draft_arch = profile.architecture.replace("ForConditionalGeneration", "ForCausalLM") + ("MTP" if profile.draft_is_target else "Eagle3")
+            log.info(
+                f"Load weight end. elapsed={0.1 * profile.load_s * load_scale:.2f} s, type={draft_arch}, "
+                f"avail mem={pre - weights - draft:.2f} GB, mem usage={draft:.2f} GB."
+            )
+        if resolved.draft_missing_error:
+            raise TypeError(resolved.draft_missing_error)
+        if plan_error is not None and plan_error.phase == "kv":
+            exc_type = RuntimeError if plan_error.exc_type == "RuntimeError" else ValueError
+            raise exc_type(plan_error.message)
+        for warning in plan.warnings if plan else ():
+            logging.getLogger("sglang.srt.mem_cache").warning(warning)
+        if plan is not None:
+            if profile.hybrid:
+                log.info(
+                    f"Mamba Cache is allocated. max_mamba_cache_size: {plan.max_mamba_cache_size}, "
+                    f"conv_state size: {plan.mamba_gib * 0.1:.2f}GB, ssm_state size: {plan.mamba_gib * 0.9:.2f}GB "
+                )
+            half = plan.kv_gib / 2
+            log.info(
+                f"KV Cache is allocated. dtype: torch.bfloat16, #tokens: {plan.max_total_num_tokens}, "
+                f"K size: {half:.2f} GB, V size: {half:.2f} GB"
+            )
+            log.info(f"Memory pool end. avail mem={plan.slack_gib:.2f} GB")
+        avail = plan.slack_gib if plan else (pre * (1 - resolved.mem_fraction_static))
+        role = "target"
+        kind = "verify" if spec.enabled else "decode"
+        tokens_per_req = spec.tokens_per_request
+        log.info(
+            f"Capture {role} {kind} CUDA graph begin. backend=full, num_tokens_per_req={tokens_per_req}, "
+            f"avail mem={avail:.2f} GB"
+        )
+        time.sleep(profile.graph_capture_s * load_scale)
+        if spec.enabled and spec.topk > 1 and spec.draft_tokens - 1 > m.tree_pool_size(spec.steps, spec.topk):
+            # organize_draft_results: torch.topk(score_list, num_draft_token - 1) over a pool of
+            # topk + (steps - 1) * topk^2 candidates.
+            raise Exception(f"Capture cuda graph failed: selected index k out of range\n{CUDA_GRAPH_CAPTURE_FAILED_MSG}")
+        if plan_error is not None:
+            raise Exception(f"Capture cuda graph failed: {plan_error.message}\n{CUDA_GRAPH_CAPTURE_FAILED_MSG}")
+        assert plan is not None
+        graph_total = sum(plan.graph_gib.values())
+        log.info(
+            f"Capture {role} {kind} CUDA graph end. bs={list(plan.capture_bs)}, elapsed={profile.graph_capture_s * load_scale:.2f} s, "
+            f"mem usage={plan.graph_gib.get('target_verify', plan.graph_gib.get('decode', 0.0)):.2f} GB, avail mem={avail - graph_total:.2f} GB."
+        )
+        if spec.enabled and spec.steps > 1 and spec.algorithm != "NGRAM":
+            log.info(
+                f"Capture draft decode CUDA graph begin. backend=full, num_tokens_per_req={spec.topk}, "
+                f"bs={list(plan.capture_bs)}, avail mem={avail - graph_total:.2f} GB"
+            )
+            log.info(
+                f"Capture draft decode CUDA graph end. elapsed={0.3 * profile.graph_capture_s * load_scale:.2f} s, "
+                f"mem usage={plan.graph_gib.get('draft_decode', 0.0):.2f} GB, avail mem={avail - graph_total:.2f} GB."
+            )
+        sched_logger.info(
+            f"max_total_num_tokens={plan.max_total_num_tokens}, chunked_prefill_size={resolved.chunked_prefill_size}, "
+            f"max_prefill_tokens={resolved.raw.get('max_prefill_tokens') or 16384}, "
+            f"max_running_requests={plan.max_running_requests}, context_len={resolved.raw.get('context_length') or profile.context_len}, "
+            f"available_gpu_mem={plan.available_after_capture_gib:.2f} GB"
+        )
+        os.write(write_fd, b"ok\n")
+    except Exception:
+        sched_logger.error(f"Scheduler hit an exception: {traceback.format_exc()}")
+        os.kill(parent, signal.SIGQUIT)
+    # The scheduler's event loop: idle until the launcher kills the tree or dies.
+    while True:
+        time.sleep(3600)
+
+
+def _kill_process_tree_and_self(children: list[int]) -> None:
+    for pid in children:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _wait_for_scheduler(read_fd: int, child: int) -> None:
+    while True:
+        ready, _, _ = select.select([read_fd], [], [], 0.2)
+        if ready:
+            data = os.read(read_fd, 64)
+            if data.startswith(b"ok"):
+                return
+        done, status = os.waitpid(child, os.WNOHANG)
+        if done:
+            code = os.waitstatus_to_exitcode(status)
+            raise RuntimeError(
+                f"Rank 0 scheduler died during initialization (exit code: {code}). If exit code is -9 "
+                "(SIGKILL), a common cause is the OS OOM killer. Run `dmesg -T | grep -i oom` to check."
+            )
+
+
+def _install_fault(engines, spec: str, children: list[int]) -> None:
+    """Test hook: make the server crash, hang or exit after N generated tokens."""
+    kind, _, value = spec.partition("=")
+    limit = int(value or 0)
+
+    def observe(event: str, **_: object) -> None:
+        total = sum(e.total_generation_tokens for e in engines)
+        if total < limit:
+            return
+        if kind == "crash_after_tokens":
+            sched_logger.error(
+                "Scheduler hit an exception: Traceback (most recent call last):\n"
+                '  File "scheduler.py", line 6352, in run_scheduler_process\n'
+                "RuntimeError: CUDA error: an illegal memory access was encountered\n"
+            )
+            logger.error("Received sigquit from a child process. It usually means the child failed.")
+            _kill_process_tree_and_self(children)
+        elif kind == "hang_after_tokens":
+            for e in engines:
+                e.hung = True
+        elif kind == "exit_after_tokens":
+            os._exit(1)
+
+    for e in engines:
+        e.observers.append(observe)
+
+
+async def _serve(resolved: Resolved, plan: m.MemoryPlan, time_scale: float, children: list[int]) -> None:
+    import httpx
+    import uvicorn
+
+    from .engine import Engine
+    from .server import ServerState, build_app
+
+    seed_env = os.environ.get("SGLANG_EMULATOR_SEED")
+    seed = int(seed_env) if seed_env else None
+    noise = _scale("SGLANG_EMULATOR_NOISE", 0.02)
+    engines = [
+        Engine(resolved, plan, dp_rank=rank, time_scale=time_scale, step_noise=noise, seed=None if seed is None else seed + rank)
+        for rank in range(resolved.dp)
+    ]
+    state = ServerState(resolved, plan, engines, time_scale)
+    state.launch_command = shlex.join([sys.executable, "-m", "tuner.emulator", *sys.argv[1:]])
+    fault = os.environ.get("SGLANG_EMULATOR_FAULT")
+    if fault:
+        _install_fault(engines, fault, children)
+    app = build_app(state)
+    host, port = resolved.raw["host"], resolved.raw["port"]
+    log_config = {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"default": {"()": "uvicorn.logging.DefaultFormatter", "fmt": "[%(asctime)s] %(levelprefix)s %(message)s", "datefmt": DATEFMT, "use_colors": False}},
+        "handlers": {"default": {"formatter": "default", "class": "logging.StreamHandler", "stream": "ext://sys.stderr"}},
+        "loggers": {"uvicorn": {"handlers": ["default"], "level": "INFO", "propagate": False}, "uvicorn.error": {"level": "INFO"}},
+    }
+    config = uvicorn.Config(app, host=host, port=port, log_config=log_config, access_log=False, timeout_keep_alive=5, timeout_graceful_shutdown=2)
+    server = uvicorn.Server(config)
+    tasks = [asyncio.create_task(e.run()) for e in engines]
+
+    async def warmup() -> None:
+        while not server.started:
+            if server.should_exit:
+                return
+            await asyncio.sleep(0.05)
+        url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
+        headers = {"Authorization": f"Bearer {state.api_key}"} if state.api_key else {}
+        async with httpx.AsyncClient(timeout=600) as client:
+            await asyncio.sleep(1.0 * time_scale)
+            res = await client.get(url + "/model_info", headers=headers)
+            res.raise_for_status()
+            res = await client.post(
+                url + "/generate",
+                json={"text": "The capital city of France is", "sampling_params": {"temperature": 0, "max_new_tokens": 8}},
+                headers=headers,
+            )
+            res.raise_for_status()
+        for e in engines:
+            e.flush_cache()  # warm-up traffic does not count in the accept-length average
+        state.status = "Up"
+        logger.info("The server is fired up and ready to roll!")
+
+    warm = asyncio.create_task(warmup())
+    try:
+        await server.serve()
+    finally:
+        state.gracefully_exit = True
+        warm.cancel()
+        for t in tasks:
+            t.cancel()
+    if not server.started:
+        # uvicorn could not bind (address in use): SGLang exits non-zero with the scheduler killed.
+        for pid in children:
+            os.kill(pid, signal.SIGKILL)
+        sys.exit(1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    ns = parse_args(argv)
+    _configure_logging(ns.log_level or "info")
+    time_scale = _scale("SGLANG_EMULATOR_TIME_SCALE")
+    load_scale = time_scale * _scale("SGLANG_EMULATOR_LOAD_SCALE")
+    profile = find_profile(ns.model_path)
+    if profile is None:
+        raise model_not_found(ns.model_path)
+    resolved = resolve(ns, profile)
+    logger.info("server_args=ServerArgs(" + ", ".join(f"{k}={v!r}" for k, v in resolved.as_dict().items()) + ")")
+
+    def launch_phase_sigquit_handler(signum, frame):
+        logger.error("Received sigquit from a child process. It usually means the child failed.")
+        _kill_process_tree_and_self(children)
+
+    children: list[int] = []
+    signal.signal(signal.SIGQUIT, launch_phase_sigquit_handler)
+    read_fd, write_fd = os.pipe()
+    sys.stderr.flush()
+    child = os.fork()
+    if child == 0:
+        os.close(read_fd)
+        try:
+            _run_scheduler(resolved, write_fd, os.getppid(), load_scale)
+        finally:
+            os._exit(1)
+    children.append(child)
+    os.close(write_fd)
+    _wait_for_scheduler(read_fd, child)
+    plan = plan_memory(resolved)
+    asyncio.run(_serve(resolved, plan, time_scale, children))
+    for pid in children:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+if __name__ == "__main__":
+    main()
