@@ -1,0 +1,393 @@
+"""The study config: TOML -> typed, frozen sections; every check on the user's input lives here.
+
+The layout is fixed by `../shared/contract.md` ([study], [target], [server], [space], [bench]);
+keys beyond the contract's are documented in the README.  pydantic does the type work (it is
+already installed with openai); messages are rewritten into one line that names the file, the
+section, the key and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import ConfigError
+
+__all__ = [
+    "Config",
+    "StudyConfig",
+    "TargetConfig",
+    "ServerConfig",
+    "SpaceConfig",
+    "BenchConfig",
+    "IntRange",
+    "FloatRange",
+    "Choices",
+    "load_config",
+    "DEFAULT_CONFIG",
+    "SEARCHED_FLAGS",
+]
+
+DEFAULT_CONFIG = "studies/demo.toml"
+SEARCHED_FLAGS = (
+    "speculative_num_steps",
+    "speculative_eagle_topk",
+    "speculative_num_draft_tokens",
+    "mem_fraction_static",
+)
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_UNIT_RE = re.compile(r"^[A-Za-z0-9:_.@-]{1,200}$")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+
+class IntRange(_Section):
+    low: int
+    high: int
+    step: int = 1
+
+    @model_validator(mode="after")
+    def _check(self) -> "IntRange":
+        if self.low > self.high:
+            raise ValueError(f"low ({self.low}) is above high ({self.high}); swap them")
+        if self.step < 1:
+            raise ValueError(f"step must be >= 1, got {self.step}")
+        return self
+
+    def values(self) -> list[int]:
+        return list(range(self.low, self.high + 1, self.step))
+
+
+class FloatRange(_Section):
+    low: float
+    high: float
+    step: float | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "FloatRange":
+        if self.low > self.high:
+            raise ValueError(f"low ({self.low}) is above high ({self.high}); swap them")
+        if self.step is not None and self.step <= 0:
+            raise ValueError(f"step must be > 0, got {self.step}")
+        return self
+
+
+class Choices(_Section):
+    choices: list[Any] = Field(min_length=1)
+
+
+IntSpace = Union[IntRange, Choices]
+FloatSpace = Union[FloatRange, Choices]
+
+
+class StudyConfig(_Section):
+    name: str
+    storage: str | None = None
+    objectives: list[str] = Field(default_factory=lambda: ["single_tps", "concurrent_tps", "capacity"])
+    sampler: str = "auto"
+    seed: int | None = None
+    artifacts: str | None = None  # directory for trial logs (optuna artifact store)
+    heartbeat_s: int | None = None  # RDB heartbeat for multi-host studies
+    allow_mixed_hardware: bool = False
+    enqueue_current: bool = True  # warm start with the command's own speculative settings
+    baselines: bool = False  # also measure no-speculation and --speculative-adaptive
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _NAME_RE.match(value):
+            raise ValueError(f"{value!r} is not a valid study name; use letters, digits, '.', '_' or '-'")
+        return value
+
+    @field_validator("objectives")
+    @classmethod
+    def _objectives(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("list at least one objective, e.g. [\"single_tps\"]")
+        if len(set(value)) != len(value):
+            raise ValueError(f"objectives repeat a name: {value}")
+        return value
+
+
+class TargetConfig(_Section):
+    host: str = "local"
+    manager: Literal["process", "systemd"] = "process"
+    unit: str | None = None
+    identity_file: str | None = None
+    known_hosts: str | None = None
+    accept_unknown_host: bool = False
+    sudo: bool | None = None  # None: use sudo when the SSH user is not root
+    url: str = "http://127.0.0.1:30000"
+    ready_timeout_s: float = Field(default=900.0, gt=0)
+    stop_timeout_s: float = Field(default=30.0, gt=0)
+    poll_interval_s: float = Field(default=0.5, gt=0, le=5)
+    workdir: str = "~/.cache/sglang-tuner"
+    api_key_env: str | None = None  # name of the environment variable that holds --api-key
+    leave_best: bool = False  # systemd: keep the best configuration applied at the end
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not re.match(r"^https?://[^/\s]+(:\d+)?/?$", value):
+            raise ValueError(f"{value!r} is not an http(s) URL like \"http://127.0.0.1:30000\"")
+        return value.rstrip("/")
+
+    @field_validator("unit")
+    @classmethod
+    def _unit(cls, value: str | None) -> str | None:
+        if value is not None and not _UNIT_RE.match(value):
+            raise ValueError(f"{value!r} is not a valid systemd unit name")
+        if value is not None and value.endswith(".service"):
+            value = value[: -len(".service")]
+        return value
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str) -> str:
+        if value != "local" and not re.match(r"^([A-Za-z0-9._-]+@)?[A-Za-z0-9._-]+(:\d{1,5})?$", value):
+            raise ValueError(f"{value!r} is not \"local\" or an SSH destination \"user@host[:port]\"")
+        return value
+
+    @model_validator(mode="after")
+    def _systemd_needs_unit(self) -> "TargetConfig":
+        if self.manager == "systemd" and not self.unit:
+            raise ValueError('manager = "systemd" needs unit = "<the service\'s unit name>"')
+        if self.host == "local" and (self.identity_file or self.known_hosts):
+            raise ValueError("identity_file and known_hosts apply to SSH hosts only; set host = \"user@host\"")
+        return self
+
+    @property
+    def is_remote(self) -> bool:
+        return self.host != "local"
+
+
+class ServerConfig(_Section):
+    command: str
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, value: str) -> str:
+        try:
+            argv = shlex.split(value)
+        except ValueError as exc:
+            raise ValueError(f"cannot split the command into arguments: {exc}") from None
+        if not argv:
+            raise ValueError("the launch command is empty")
+        if "--api-key" in argv or any(a.startswith("--api-key=") for a in argv):
+            raise ValueError(
+                "has --api-key in clear text; put the key in an environment variable and set "
+                "[target] api_key_env to its name"
+            )
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+                raise ValueError(f"{key!r} is not a valid environment variable name")
+        return value
+
+    @property
+    def argv(self) -> list[str]:
+        return shlex.split(self.command)
+
+
+class SpaceConfig(_Section):
+    speculative_num_steps: IntSpace | None = None
+    speculative_eagle_topk: IntSpace | None = None
+    speculative_num_draft_tokens: IntRange | None = None
+    mem_fraction_static: FloatSpace | None = None
+    # "sweep": draft tokens <= steps * topk + 1 (bench_speculative.py's filter);
+    # "tree": up to EAGLE's candidate pool, topk + (steps - 1) * topk^2 + 1.
+    draft_tokens_bound: Literal["sweep", "tree"] = "sweep"
+
+    @model_validator(mode="after")
+    def _check(self) -> "SpaceConfig":
+        for key in ("speculative_num_steps", "speculative_eagle_topk"):
+            space = getattr(self, key)
+            values = space.values() if isinstance(space, IntRange) else (space.choices if space else [])
+            bad = [v for v in values if not isinstance(v, int) or isinstance(v, bool) or v < 1]
+            if bad:
+                raise ValueError(f"{key}: values must be integers >= 1, got {bad}")
+        draft = self.speculative_num_draft_tokens
+        if draft is not None and draft.low < 2:
+            raise ValueError(f"speculative_num_draft_tokens: low must be >= 2, got {draft.low}")
+        mfs = self.mem_fraction_static
+        values = [mfs.low, mfs.high] if isinstance(mfs, FloatRange) else (mfs.choices if mfs else [])
+        bad = [v for v in values if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < 1]
+        if bad:
+            raise ValueError(f"mem_fraction_static: values must lie in (0, 1), got {bad}")
+        return self
+
+    @property
+    def searched(self) -> list[str]:
+        return [k for k in SEARCHED_FLAGS if getattr(self, k) is not None]
+
+
+class BenchConfig(_Section):
+    temperature: float = Field(default=0.0, ge=0, le=2)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    max_tokens: int = Field(default=256, ge=2)
+    ignore_eos: bool = False
+    single_requests: int = Field(default=4, ge=1)  # prompts in one single-stream pass
+    single_min_passes: int = Field(default=2, ge=1)
+    single_max_passes: int = Field(default=5, ge=1)
+    single_target_ci: float = Field(default=0.03, gt=0, lt=1)  # 95% CI half-width / mean
+    concurrency: int | list[int] = 16
+    concurrent_requests: int = Field(default=64, ge=1)
+    request_tokens: int = Field(default=8192, ge=1)
+    warmup_requests: int = Field(default=2, ge=0)
+    prompts: str = "builtin"
+    seed: int = 0
+    request_timeout_s: float = Field(default=600.0, gt=0)
+
+    @field_validator("concurrency")
+    @classmethod
+    def _concurrency(cls, value: int | list[int]) -> int | list[int]:
+        values = value if isinstance(value, list) else [value]
+        if not values or any(v < 1 for v in values):
+            raise ValueError(f"must be >= 1 (or a non-empty list of such), got {value}")
+        if len(set(values)) != len(values):
+            raise ValueError(f"repeats a level: {value}")
+        return value
+
+    @property
+    def concurrency_levels(self) -> list[int]:
+        return self.concurrency if isinstance(self.concurrency, list) else [self.concurrency]
+
+    @model_validator(mode="after")
+    def _check(self) -> "BenchConfig":
+        if self.single_max_passes < self.single_min_passes:
+            raise ValueError(
+                f"single_max_passes ({self.single_max_passes}) is below single_min_passes "
+                f"({self.single_min_passes}); raise it"
+            )
+        return self
+
+
+class ConstraintsConfig(_Section):
+    p99_itl_ms: float | None = Field(default=None, gt=0)
+    ttft_ms: float | None = Field(default=None, gt=0)
+
+
+class Config(_Section):
+    study: StudyConfig
+    target: TargetConfig = Field(default_factory=TargetConfig)
+    server: ServerConfig
+    space: SpaceConfig = Field(default_factory=SpaceConfig)
+    bench: BenchConfig = Field(default_factory=BenchConfig)
+    constraints: ConstraintsConfig = Field(default_factory=ConstraintsConfig)
+    path: str = "<config>"
+    base_dir: str = "."
+
+    @property
+    def storage_url(self) -> str:
+        if self.study.storage:
+            return self.study.storage
+        # The contract's default, relative to the working directory like any sqlite URL.
+        return f"sqlite:///studies/{self.study.name}.db"
+
+    @property
+    def artifacts_dir(self) -> Path:
+        if self.study.artifacts:
+            return Path(os.path.expanduser(self.study.artifacts))
+        if self.storage_url.startswith("sqlite:///"):
+            db = Path(self.storage_url[len("sqlite:///"):])
+            return db.with_name(db.stem + ".artifacts")
+        return Path("studies") / f"{self.study.name}.artifacts"
+
+    def resolve_path(self, value: str) -> Path:
+        """A path from the config, relative to the config's directory."""
+        path = Path(os.path.expanduser(value))
+        return path if path.is_absolute() else Path(self.base_dir) / path
+
+
+def _describe(error: dict[str, Any]) -> str:
+    loc = [str(p) for p in error["loc"] if not str(p).startswith(("function-after", "IntRange", "FloatRange", "Choices", "int", "list"))]
+    message = error["msg"]
+    for prefix in ("Value error, ", "Assertion failed, "):
+        if message.startswith(prefix):
+            message = message[len(prefix):]
+    if error["type"] == "extra_forbidden":
+        message = "unknown key; check its spelling against the README's config reference"
+    elif error["type"] == "missing":
+        message = "is required"
+    section = f"[{loc[0]}]" if loc else ""
+    key = " ".join(loc[1:])
+    return f"{section} {key}: {message}".replace(" :", ":").strip()
+
+
+def _parse(path: str, text: str, base_dir: str) -> Config:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    for section, value in data.items():
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: top-level key {section!r} must be a [section]")
+    try:
+        config = Config.model_validate({**data, "path": path, "base_dir": base_dir})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        if first["type"] == "extra_forbidden" and len(first["loc"]) == 1:
+            raise ConfigError(
+                f"{path}: unknown section [{first['loc'][0]}]; sections are [study], [target], "
+                "[server], [space], [bench], [constraints]"
+            ) from None
+        raise ConfigError(f"{path} {_describe(first)}") from None
+    _check_cross(config)
+    return config
+
+
+def _check_cross(config: Config) -> None:
+    """Checks that need more than one section."""
+    argv = config.server.argv
+    spec_searched = [k for k in config.space.searched if k.startswith("speculative_")]
+    has_algo = any(a == "--speculative-algorithm" or a.startswith("--speculative-algo") for a in argv)
+    if spec_searched and not has_algo:
+        raise ConfigError(
+            f"{config.path} [server] command: has no --speculative-algorithm, so the searched "
+            f"{', '.join(spec_searched)} would be ignored; add e.g. --speculative-algorithm EAGLE3 "
+            "(or NEXTN for MTP models)"
+        )
+    if config.target.manager == "process" and config.target.is_remote and config.target.leave_best:
+        raise ConfigError(f"{config.path} [target] leave_best: applies to manager = \"systemd\" only")
+    if config.target.api_key_env and config.target.api_key_env not in os.environ:
+        raise ConfigError(
+            f"{config.path} [target] api_key_env: environment variable "
+            f"{config.target.api_key_env} is not set; export it with the server's API key"
+        )
+    for key in ("identity_file", "known_hosts"):
+        value = getattr(config.target, key)
+        if value and not os.path.exists(os.path.expanduser(value)):
+            raise ConfigError(f"{config.path} [target] {key}: {value} does not exist; fix the path")
+    prompts = config.bench.prompts
+    if prompts != "builtin" and not config.resolve_path(prompts).exists():
+        raise ConfigError(f"{config.path} [bench] prompts: {prompts} does not exist; give a JSONL or ShareGPT JSON file, or \"builtin\"")
+
+
+def load_config(path: str | os.PathLike[str] = DEFAULT_CONFIG) -> Config:
+    """Read and check a study config; raise ConfigError with one line naming the fix."""
+    path = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file; pass --config with a path to a .toml study config") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    return _parse(path, text, str(Path(path).parent))
+
+
+def parse_config(text: str, *, path: str = "<config>", base_dir: str = ".") -> Config:
+    """Like load_config, for a config held in memory (tests, notebooks)."""
+    return _parse(path, text, base_dir)

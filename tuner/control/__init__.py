@@ -1,0 +1,20 @@
+"""Service control: `control_for(config, shell)` picks the manager named in `[target] manager`."""
+
+from __future__ import annotations
+
+from ..config import Config
+from ..host import Shell
+from .base import ServiceControl, ServiceStatus
+from .process import ProcessControl
+
+__all__ = ["ServiceControl", "ServiceStatus", "ProcessControl", "control_for"]
+
+
+def control_for(config: Config, shell: Shell) -> ServiceControl:
+    target = config.target
+    if target.manager == "systemd":
+        from .systemd import SystemdControl
+
+        return SystemdControl(shell, unit=target.unit, name=config.study.name, stop_timeout_s=target.stop_timeout_s,
+                              leave_best=target.leave_best)
+    return ProcessControl(shell, workdir=target.workdir, name=config.study.name, stop_timeout_s=target.stop_timeout_s)

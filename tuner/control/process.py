@@ -1,0 +1,149 @@
+"""ProcessControl: the tuner runs the launch command itself, here or over SSH.
+
+The server runs as `nohup setsid sh -c '<env> <command>; echo $? > exit_code'` in a state
+directory (`[target] workdir`/<study>): its own session and process group (so stopping it
+takes every child, as SGLang's scheduler processes must go too), its output in `server.log`,
+its pid in `server.pid`, its exit status in `exit_code`.  A pid file found at start is a server
+an earlier (killed) run left behind; it is stopped first, after checking the pid still belongs
+to that server.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import time
+
+from ..errors import HostError
+from ..host import Shell
+from ..launch import LaunchSpec
+from .base import LogBuffer, ServiceStatus
+
+__all__ = ["ProcessControl"]
+
+logger = logging.getLogger(__name__)
+
+_CHUNK = 1 << 20
+
+
+class ProcessControl:
+    def __init__(self, shell: Shell, *, workdir: str, name: str, stop_timeout_s: float = 30.0):
+        self.shell = shell
+        self.name = name
+        self.stop_timeout_s = stop_timeout_s
+        self.description = f"process on {shell.description}"
+        self._workdir = workdir
+        self._dir: str | None = None
+        self._offset = 0
+        self._buffer = LogBuffer()
+        self._spec: LaunchSpec | None = None
+
+    # --- paths -------------------------------------------------------------------------------
+
+    @property
+    def dir(self) -> str:
+        if self._dir is None:
+            base = self._workdir
+            if base.startswith("~"):
+                home = self.shell.run("printf %s \"$HOME\"").stdout.strip() or "/tmp"
+                base = home + base[1:]
+            self._dir = f"{base.rstrip('/')}/{self.name}"
+            made = self.shell.run(f"mkdir -p {shlex.quote(self._dir)}")
+            if not made.ok:
+                raise HostError(f"{self.shell.description}: cannot create {self._dir}: {made.stderr.strip()}; fix [target] workdir")
+        return self._dir
+
+    def _q(self, leaf: str) -> str:
+        return shlex.quote(f"{self.dir}/{leaf}")
+
+    # --- interface ---------------------------------------------------------------------------
+
+    def start(self, spec: LaunchSpec) -> None:
+        self.stop()  # ours from the previous trial, or one a killed run left behind
+        env = " ".join(shlex.quote(f"{k}={v}") for k, v in spec.env.items())
+        inner = f"cd {self._q('')} && exec env {env} {spec.shell_command()}" if env else f"cd {self._q('')} && exec {spec.shell_command()}"
+        # The wrapper shell waits for the server and records how it ended.
+        wrapper = f"sh -c {shlex.quote(inner)}; echo $? > {self._q('exit_code')}"
+        script = (
+            f"rm -f {self._q('exit_code')} && : > {self._q('server.log')} && "
+            f"(nohup setsid sh -c {shlex.quote(wrapper)} > {self._q('server.log')} 2>&1 < /dev/null & "
+            f"echo $! > {self._q('server.pid')})"
+        )
+        result = self.shell.run(script)
+        if not result.ok:
+            raise HostError(f"{self.shell.description}: cannot start the server: {result.stderr.strip()[:200]}")
+        self._spec = spec
+        self._offset = 0
+        self._buffer = LogBuffer()
+        logger.info("started server: %s", spec.launch_command)
+
+    def poll(self) -> tuple[ServiceStatus, str]:
+        d = self.dir
+        off = self._offset
+        script = (
+            f"pid=$(cat {self._q('server.pid')} 2>/dev/null || true); "
+            f"if [ -f {self._q('exit_code')} ]; then st=\"exited $(cat {self._q('exit_code')})\"; "
+            'elif [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then st=running; else st=stopped; fi; '
+            f"size=$(wc -c < {self._q('server.log')} 2>/dev/null || echo 0); "
+            'echo "$st $size"; '
+            f"if [ \"$size\" -gt {off} ]; then tail -c +{off + 1} {self._q('server.log')} | head -c {_CHUNK}; fi"
+        )
+        result = self.shell.run(script)
+        first, _, text = result.stdout.partition("\n")
+        parts = first.split()
+        if not parts:
+            raise HostError(f"{self.shell.description}: cannot read the server's state in {d}")
+        size = int(parts[-1]) if parts[-1].isdigit() else off
+        self._offset = min(size, off + _CHUNK)
+        if text:
+            self._buffer.add(text)
+        if parts[0] == "exited":
+            code = int(parts[1]) if len(parts) > 2 and parts[1].lstrip("-").isdigit() else None
+            if code is not None and code > 128:
+                code = -(code - 128)  # the shell's 128+N for "killed by signal N"
+            return ServiceStatus("exited", code), text
+        return ServiceStatus(parts[0]), text
+
+    def log(self) -> str:
+        return self._buffer.text()
+
+    def stop(self) -> None:
+        """SIGTERM the server's process group, SIGKILL it after the grace period."""
+        pid_file = self._q("server.pid")
+        check = (
+            f"pid=$(cat {pid_file} 2>/dev/null || true); "
+            # Only a process group whose leader is our wrapper (its command mentions our state
+            # directory) is ours; a reused pid belongs to someone else.
+            f'if [ -n "$pid" ] && kill -0 -"$pid" 2>/dev/null && tr "\\0" " " < /proc/"$pid"/cmdline 2>/dev/null | grep -qF {shlex.quote(self.dir)}; then echo "$pid"; '
+            f'elif [ -n "$pid" ] && kill -0 -"$pid" 2>/dev/null && [ ! -e /proc/"$pid" ]; then echo "$pid"; fi'
+        )
+        pid = self.shell.run(check).stdout.strip()
+        if not pid.isdigit():
+            self.shell.run(f"rm -f {pid_file}")
+            return
+        if self._spec is None:
+            logger.warning("stopping a server an earlier run left behind (process group %s)", pid)
+        self.shell.run(f"kill -TERM -{pid} 2>/dev/null || true")
+        deadline = time.monotonic() + self.stop_timeout_s
+        while time.monotonic() < deadline:
+            if not self.shell.run(f"kill -0 -{pid} 2>/dev/null").ok:
+                break
+            time.sleep(0.2)
+        else:
+            logger.warning("server did not stop within %.0f s of SIGTERM; sending SIGKILL", self.stop_timeout_s)
+            self.shell.run(f"kill -KILL -{pid} 2>/dev/null || true")
+            for _ in range(50):
+                if not self.shell.run(f"kill -0 -{pid} 2>/dev/null").ok:
+                    break
+                time.sleep(0.1)
+        self.shell.run(f"rm -f {pid_file}")
+
+    def restore(self) -> None:
+        self.stop()
+        self._spec = None
+
+    def __enter__(self) -> "ProcessControl":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.restore()

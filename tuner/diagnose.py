@@ -1,0 +1,146 @@
+"""Why a server did not come up: a pure table from SGLang's log lines and exit status to a
+one-line reason and what the study does about it (prune the trial, or stop the study).
+
+The messages are SGLang 0.5.23's (../shared/notes/sglang-0.5.23.md §4); none are the
+emulator's own.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = ["Failure", "classify", "early_failure", "TERMINAL_MARKERS"]
+
+
+@dataclass(frozen=True)
+class Failure:
+    kind: str  # memory_kv | memory_graph | invalid | exit | fatal
+    reason: str
+    fatal: bool = False
+
+    @property
+    def prunes(self) -> bool:
+        """A PRUNED trial: the server cannot start with these parameters."""
+        return not self.fatal and self.kind in ("memory_kv", "memory_graph", "invalid")
+
+
+# Lines after which the launcher is certainly going down (it SIGKILLs itself next).
+TERMINAL_MARKERS = (
+    "Received sigquit from a child process",
+    "Scheduler hit an exception",
+    "Initialization failed.",
+    "scheduler died during initialization",
+)
+
+_ARGPARSE = (
+    (re.compile(r"error: unrecognized arguments: (.+)"), "the server rejects argument(s) {0}; remove them from [server] command"),
+    (re.compile(r"error: ambiguous option: (--[\w-]+)(?: could match (.+))?"), "the server finds {0} ambiguous (it could be {1}); spell the flag out in [server] command"),
+    (re.compile(r"error: the following arguments are required: (.+)"), "the server needs {0}; add it to [server] command"),
+    (re.compile(r"error: argument ([^:]+): (.+)"), "the server rejects {0}: {1}; fix it in [server] command"),
+)
+_FATAL = (
+    (re.compile(r"(\S+) is not a local folder and is not a valid model identifier"), "model {0} does not exist on the target; fix --model-path in [server] command"),
+    (re.compile(r"error while attempting to bind on address .*address already in use|\[Errno 98\]", re.I), "the server's port is already in use on the target; stop whatever listens there or change --port and [target] url"),
+    (re.compile(r"Unknown speculative algorithm name: (\S+)"), "the server does not know --speculative-algorithm {0}; fix it in [server] command"),
+)
+
+_MEMORY_KV = (
+    re.compile(r"Not enough memory\. Please try to increase --mem-fraction-static"),
+    re.compile(r"Loaded weights leave no GPU memory for the KV cache"),
+    re.compile(r"Not enough GPU memory for hybrid \(mamba/linear-attention\) state cache"),
+    re.compile(r"Hybrid \(mamba/linear-attention\) state cache is too small"),
+    re.compile(r"SWA pool \(\d+ tokens\) cannot hold even one request"),
+)
+
+# Validation errors caused by the speculative parameters (raised at resolution, exit 1).
+_INVALID = (
+    re.compile(r"(speculative_eagle_topk.*?only supported on .*?)$", re.M),
+    re.compile(r"(trtllm_mha backend only supports topk = 1.*?)$", re.M),
+    re.compile(r"(--speculative-num-steps=\d+ is not in the adaptive config.*?)$", re.M),
+    re.compile(r"(--speculative-use-rejection-sampling requires.*?)$", re.M),
+    re.compile(r"(mamba_track_interval.*speculative_num_draft_tokens.*?)$", re.M),
+)
+
+
+def _last_exception_line(log: str) -> str | None:
+    """The last 'SomeError: message' line of a Python traceback in the log."""
+    matches = re.findall(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Exit)): ?(.*)$", log, re.M)
+    for name, message in reversed(matches):
+        if name not in ("HTTPError",):
+            return f"{name}: {message}".strip().rstrip(":")
+    return None
+
+
+def _shorten(text: str, limit: int = 220) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _match(table, log: str) -> str | None:
+    for pattern, template in table:
+        match = pattern.search(log)
+        if match:
+            groups = [g if g is not None else "?" for g in match.groups()] or [""]
+            return template.format(*[_shorten(g, 80) for g in groups])
+    return None
+
+
+def classify(log: str, exit_code: int | None, *, params: str = "") -> Failure:
+    """Classify a server that exited (or logged a terminal failure) before it was ready.
+
+    Memory failures are checked first: their messages are specific, while a log can carry
+    incidental warnings (an optional module missing) that must not stop a study.
+    `params` is appended to memory reasons ("at mem_fraction_static=0.95, ...").
+    """
+    at = f" at {params}" if params else ""
+    if "Capture cuda graph failed" in log:
+        if "CUDA out of memory" in log or "OutOfMemoryError" in log:
+            return Failure("memory_graph", f"CUDA graph capture ran out of memory{at}")
+        detail = re.search(r"Capture cuda graph failed: (.*)", log)
+        cause = _shorten(detail.group(1)) if detail else "unknown error"
+        if "selected index k out of range" in cause:
+            return Failure("invalid", f"CUDA graph capture failed: the draft tree is wider than EAGLE's candidate pool{at} ({cause})")
+        return Failure("invalid", f"CUDA graph capture failed{at}: {cause}")
+    for pattern in _MEMORY_KV:
+        if pattern.search(log):
+            what = "the hybrid state cache does not fit" if "mamba" in pattern.pattern else "the KV cache does not fit"
+            return Failure("memory_kv", f"{what} in mem_fraction_static{at}")
+    if "CUDA out of memory" in log or "OutOfMemoryError" in log:
+        return Failure("memory_graph", f"the server ran out of GPU memory while starting{at}")
+    if exit_code == 2 or "usage: " in log:
+        reason = _match(_ARGPARSE, log)
+        if reason:
+            return Failure("fatal", reason, fatal=True)
+    reason = _match(_FATAL, log)
+    if reason:
+        return Failure("fatal", reason, fatal=True)
+    exception = _last_exception_line(log)
+    if exit_code == 127 or re.search(r"^(?:sh|bash|env): .*(?:not found|No such file or directory)", log, re.M):
+        line = re.search(r"^(?:sh|bash|env): (.*)$", log, re.M)
+        what = _shorten(line.group(1), 100) if line else "the command"
+        return Failure("fatal", f"the target cannot run the launch command ({what}); fix [server] command", fatal=True)
+    spec_error = re.search(r"Error while finding module specification for '([\w.]+)' \((\w+Error: [^)]*)\)", log)
+    if spec_error:
+        return Failure("fatal", f"the target's Python cannot import {spec_error.group(1)} ({spec_error.group(2)}); install it there or fix the interpreter in [server] command", fatal=True)
+    if exception and exception.startswith("ModuleNotFoundError"):
+        return Failure("fatal", f"the target's Python lacks a module ({_shorten(exception, 100)}); install SGLang there or fix the interpreter in [server] command", fatal=True)
+    for pattern in _INVALID:
+        match = pattern.search(log)
+        if match:
+            return Failure("invalid", f"SGLang rejects these parameters: {_shorten(match.group(1))}")
+    if exit_code == 2:
+        return Failure("fatal", "the server rejected its command line (exit 2); fix [server] command", fatal=True)
+    if exit_code == 1 and exception and exception.split(":")[0] in ("AssertionError", "TypeError"):
+        # Resolution asserts on partial speculative settings: a parameter problem.
+        return Failure("invalid", f"SGLang rejects these parameters{at}: {_shorten(exception)}")
+    code = "" if exit_code is None else f" (exit {exit_code})"
+    if exception:
+        return Failure("exit", f"the server exited{code} before it was ready: {_shorten(exception)}")
+    tail = [line for line in log.strip().splitlines() if line.strip()][-1:] or ["no output"]
+    return Failure("exit", f"the server exited{code} before it was ready; last log line: {_shorten(tail[0])}")
+
+
+def early_failure(log: str) -> bool:
+    """True once the log shows the launcher is going down, before the process has exited."""
+    return any(marker in log for marker in TERMINAL_MARKERS)

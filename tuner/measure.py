@@ -1,0 +1,360 @@
+"""The benchmark: what one trial measures on a ready server, through the `openai` client.
+
+Order (each phase's definition is in the README, "What the figures mean"):
+1. warm-up requests, not measured;
+2. `/flush_cache`, which also zeroes SGLang's accept-length counters;
+3. single-stream phase: passes over `single_requests` prompts, one streaming request at a
+   time; passes repeat (at least `single_min_passes`) until the 95% confidence interval of
+   the mean pass rate is within `single_target_ci` of it, or `single_max_passes`, as
+   hyperfine repeats a command until its spread is known;
+4. concurrent phase, per concurrency level: a closed loop keeping `concurrency` requests in
+   flight until `concurrent_requests` have been sent; the rate counts only the steady window
+   (all slots busy), not the ramp-up or the drain;
+5. accept length read from `/server_info`: the server's own average over phases 3-4.
+
+Tokens are counted from each response's `usage`, never from stream chunks: SGLang sends every
+token accepted in one verify step as one chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import openai
+from scipy import stats
+
+from .client import ServerClient, ServerInfo
+from .config import BenchConfig
+from .errors import MeasureError
+from .workload import Prompt, Workload
+
+__all__ = ["RequestResult", "Measurement", "measure", "summarize_rate", "steady_window_rate", "Progress"]
+
+Progress = Callable[[str, int, int], None]  # (phase, done, total)
+
+
+@dataclass(frozen=True)
+class RequestResult:
+    prompt_tokens: int
+    completion_tokens: int
+    start: float  # monotonic seconds
+    first_token: float
+    end: float
+    chunk_times: tuple[float, ...] = ()
+    finish_reason: str | None = None
+
+    @property
+    def ttft_s(self) -> float:
+        return self.first_token - self.start
+
+    @property
+    def decode_s(self) -> float:
+        return self.end - self.first_token
+
+    @property
+    def decode_tps(self) -> float | None:
+        """Tokens after the first over the time from the first to the last token."""
+        if self.completion_tokens < 2 or self.decode_s <= 0:
+            return None
+        return (self.completion_tokens - 1) / self.decode_s
+
+    def itl_s(self) -> list[float]:
+        """Per-token inter-token latencies: each chunk gap spread over the tokens it carried.
+
+        Chunks carry several tokens under speculation; usage gives the total, so a gap is
+        divided by the request's mean tokens per chunk (SGLang's bench divides by the chunk's
+        own count, which we do not read from the text).
+        """
+        times = self.chunk_times
+        if len(times) < 2 or self.completion_tokens < 2:
+            return []
+        per_chunk = (self.completion_tokens - 1) / (len(times) - 1)
+        gaps = [b - a for a, b in zip(times, times[1:])]
+        return [g / per_chunk for g in gaps for _ in range(max(1, round(per_chunk)))]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One trial's figures; objectives are pure functions of this."""
+
+    single_tps: float
+    single_runs: tuple[float, ...]  # one mean decode rate per pass
+    single_ci95: tuple[float, float]
+    concurrent_tps_by_level: dict[int, float]
+    concurrent_window_s: dict[int, float]
+    max_total_num_tokens: int
+    max_running_requests: int
+    request_tokens: int
+    accept_length: float | None
+    ttft_ms: float
+    ttft_p90_ms: float
+    ttft_p99_ms: float
+    itl_ms: float
+    itl_p90_ms: float
+    itl_p99_ms: float
+    e2e_ms: float
+    e2e_p90_ms: float
+    e2e_p99_ms: float
+    concurrent_p99_itl_ms: dict[int, float] = field(default_factory=dict)
+    concurrent_p99_ttft_ms: dict[int, float] = field(default_factory=dict)
+    completion_tokens: int = 0
+    duration_s: float = 0.0
+    ignore_eos: bool = False
+
+    @property
+    def concurrent_tps(self) -> float:
+        """The rate at the first (or only) concurrency level."""
+        return next(iter(self.concurrent_tps_by_level.values()))
+
+    @property
+    def single_spread(self) -> float:
+        """Half-width of the 95% interval relative to the mean."""
+        lo, hi = self.single_ci95
+        return (hi - lo) / 2 / self.single_tps if self.single_tps else math.inf
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    lo, hi = math.floor(k), math.ceil(k)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def summarize_rate(samples: list[float]) -> tuple[float, tuple[float, float]]:
+    """Mean and Student-t 95% confidence interval."""
+    mean = statistics.fmean(samples)
+    if len(samples) < 2:
+        return mean, (-math.inf, math.inf)
+    sem = statistics.stdev(samples) / math.sqrt(len(samples))
+    if sem == 0:
+        return mean, (mean, mean)
+    lo, hi = stats.t.interval(0.95, len(samples) - 1, loc=mean, scale=sem)
+    return mean, (float(lo), float(hi))
+
+
+def steady_window_rate(results: list[RequestResult], concurrency: int) -> tuple[float, float]:
+    """Completion tokens per second while all `concurrency` slots were busy.
+
+    The window opens when the `concurrency`-th request has its first token (every slot
+    decoding) and closes when the first slot finds no request left to send (the drain).  Each
+    request's tokens are spread evenly over its decode interval and integrated over the window.
+    Falls back to tokens over the whole phase when the window is too short (few requests).
+    """
+    if not results:
+        return 0.0, 0.0
+    firsts = sorted(r.first_token for r in results)
+    opens = firsts[min(concurrency, len(firsts)) - 1]
+    # Requests are sent in start order; the drain starts when the last request is sent and a
+    # slot then falls idle: the first completion after the last start.
+    last_start = max(r.start for r in results)
+    ends_after = sorted(r.end for r in results if r.end >= last_start)
+    closes = ends_after[0] if ends_after else max(r.end for r in results)
+    phase_start = min(r.start for r in results)
+    phase_end = max(r.end for r in results)
+    if closes - opens < 0.25 * (phase_end - phase_start) or closes <= opens:
+        total = sum(r.completion_tokens for r in results)
+        return total / max(phase_end - phase_start, 1e-9), phase_end - phase_start
+    tokens = 0.0
+    for r in results:
+        lo, hi = max(r.first_token, opens), min(r.end, closes)
+        if hi <= lo:
+            continue
+        span = r.end - r.first_token
+        # One token at the first-token instant, the rest spread over the decode interval.
+        tokens += (r.completion_tokens - 1) * (hi - lo) / span if span > 0 else 0.0
+        if opens <= r.first_token <= closes:
+            tokens += 1
+    return tokens / (closes - opens), closes - opens
+
+
+class _Runner:
+    def __init__(self, url: str, api_key: str | None, bench: BenchConfig, model: str):
+        self.bench = bench
+        self.model = model
+        self.client = openai.AsyncOpenAI(
+            base_url=url.rstrip("/") + "/v1",
+            api_key=api_key or "EMPTY",
+            max_retries=0,
+            timeout=bench.request_timeout_s,
+        )
+        self.sent = 0
+
+    async def one(self, prompt: Prompt, max_tokens: int) -> RequestResult:
+        self.sent += 1
+        extra = {"ignore_eos": True} if self.bench.ignore_eos else {}
+        start = time.monotonic()
+        first = None
+        chunk_times: list[float] = []
+        usage = None
+        finish = None
+        try:
+            stream = await self.client.chat.completions.create(
+                model=self.model,
+                messages=list(prompt.messages),
+                max_tokens=max_tokens,
+                temperature=self.bench.temperature,
+                top_p=self.bench.top_p,
+                seed=self.bench.seed + self.sent if self.bench.temperature > 0 else None,
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_body=extra,
+            )
+            async for chunk in stream:
+                if chunk.choices:
+                    choice = chunk.choices[0]
+                    if choice.delta is not None and choice.delta.content:
+                        now = time.monotonic()
+                        first = first or now
+                        chunk_times.append(now)
+                    if choice.finish_reason:
+                        finish = choice.finish_reason
+                if chunk.usage is not None:
+                    usage = chunk.usage
+        except openai.APIStatusError as exc:
+            raise MeasureError(f"the server answered {exc.status_code} mid-benchmark: {str(exc.message)[:200]}") from exc
+        except openai.APITimeoutError as exc:
+            raise MeasureError(f"a request got no answer within {self.bench.request_timeout_s:g} s: the server hangs") from exc
+        except openai.APIConnectionError as exc:
+            raise MeasureError(f"the server stopped answering mid-benchmark ({exc.__cause__ or exc})") from exc
+        end = time.monotonic()
+        if usage is None:
+            raise MeasureError("the server sent no usage with stream_options.include_usage; token counts cannot be trusted")
+        if first is None:
+            first = end
+        return RequestResult(
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            start=start,
+            first_token=first,
+            end=end,
+            chunk_times=tuple(chunk_times),
+            finish_reason=finish,
+        )
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+async def _concurrent(runner: _Runner, prompts: list[Prompt], concurrency: int, progress: Progress | None, phase: str) -> list[RequestResult]:
+    queue = list(reversed(prompts))
+    results: list[RequestResult] = []
+
+    async def worker() -> None:
+        while queue:
+            prompt = queue.pop()
+            results.append(await runner.one(prompt, runner.bench.max_tokens))
+            if progress:
+                progress(phase, len(results), len(prompts))
+
+    tasks = [asyncio.create_task(worker()) for _ in range(min(concurrency, len(prompts)))]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    return results
+
+
+async def _measure(
+    *, url: str, api_key: str | None, bench: BenchConfig, info: ServerInfo, workload: Workload, client: ServerClient, progress: Progress | None
+) -> Measurement:
+    began = time.monotonic()
+    model = str(info.args.get("served_model_name") or info.args.get("model_path") or "default")
+    runner = _Runner(url, api_key, bench, model)
+    try:
+        for i, prompt in enumerate(workload.for_phase("warmup", bench.warmup_requests)):
+            await runner.one(prompt, min(bench.max_tokens, 32))
+            if progress:
+                progress("warm-up", i + 1, bench.warmup_requests)
+        await asyncio.to_thread(client.flush_cache)
+
+        # Single stream: passes over the same prompts until the mean's 95% CI is tight enough.
+        singles: list[RequestResult] = []
+        rates: list[float] = []  # one mean decode rate per pass
+        pass_prompts = workload.for_phase("single", bench.single_requests)
+        while len(rates) < bench.single_max_passes:
+            pass_rates = []
+            for i, prompt in enumerate(pass_prompts):
+                result = await runner.one(prompt, bench.max_tokens)
+                singles.append(result)
+                if result.decode_tps is not None:
+                    pass_rates.append(result.decode_tps)
+                if progress:
+                    progress(f"single pass {len(rates) + 1}", i + 1, len(pass_prompts))
+            if not pass_rates:
+                raise MeasureError("no single-stream request produced two tokens; raise [bench] max_tokens")
+            rates.append(statistics.fmean(pass_rates))
+            if len(rates) >= bench.single_min_passes:
+                mean, (lo, hi) = summarize_rate(rates)
+                if (hi - lo) / 2 <= bench.single_target_ci * mean:
+                    break
+        single_tps, ci = summarize_rate(rates)
+
+        by_level: dict[int, float] = {}
+        windows: dict[int, float] = {}
+        p99_itl: dict[int, float] = {}
+        p99_ttft: dict[int, float] = {}
+        concurrent_all: list[RequestResult] = []
+        for level in bench.concurrency_levels:
+            results = await _concurrent(runner, workload.for_phase("concurrent", bench.concurrent_requests), level, progress, f"concurrency {level}")
+            by_level[level], windows[level] = steady_window_rate(results, level)
+            p99_itl[level] = _pct([x for r in results for x in r.itl_s()], 0.99) * 1000
+            p99_ttft[level] = _pct([r.ttft_s for r in results], 0.99) * 1000
+            concurrent_all += results
+        accept = await asyncio.to_thread(client.accept_length)
+    finally:
+        await runner.close()
+
+    ttfts = [r.ttft_s * 1000 for r in singles]
+    itls = [x * 1000 for r in singles for x in r.itl_s()]
+    e2es = [(r.end - r.start) * 1000 for r in singles]
+    return Measurement(
+        single_tps=single_tps,
+        single_runs=tuple(rates),
+        single_ci95=ci,
+        concurrent_tps_by_level=by_level,
+        concurrent_window_s=windows,
+        max_total_num_tokens=info.max_total_num_tokens,
+        max_running_requests=info.max_running_requests,
+        request_tokens=bench.request_tokens,
+        accept_length=accept,
+        ttft_ms=statistics.median(ttfts),
+        ttft_p90_ms=_pct(ttfts, 0.9),
+        ttft_p99_ms=_pct(ttfts, 0.99),
+        itl_ms=statistics.median(itls) if itls else float("nan"),
+        itl_p90_ms=_pct(itls, 0.9),
+        itl_p99_ms=_pct(itls, 0.99),
+        e2e_ms=statistics.median(e2es),
+        e2e_p90_ms=_pct(e2es, 0.9),
+        e2e_p99_ms=_pct(e2es, 0.99),
+        concurrent_p99_itl_ms=p99_itl,
+        concurrent_p99_ttft_ms=p99_ttft,
+        completion_tokens=sum(r.completion_tokens for r in singles + concurrent_all),
+        duration_s=time.monotonic() - began,
+        ignore_eos=bench.ignore_eos,
+    )
+
+
+def measure(
+    *,
+    url: str,
+    bench: BenchConfig,
+    info: ServerInfo,
+    workload: Workload,
+    client: ServerClient,
+    api_key: str | None = None,
+    progress: Progress | None = None,
+) -> Measurement:
+    """Run the benchmark against a ready server; raise MeasureError if it fails or dies."""
+    return asyncio.run(
+        _measure(url=url, api_key=api_key, bench=bench, info=info, workload=workload, client=client, progress=progress)
+    )

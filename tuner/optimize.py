@@ -1,0 +1,163 @@
+"""`python -m tuner.optimize --trials N [--config PATH] ...`: run (or resume) a study.
+
+The only module that prints errors or calls sys.exit.  Exit status: 0 when the run finished
+(pruned trials included), 2 with one line naming the fix when the study cannot run, 130 on
+Ctrl-C (the running trial is recorded as FAIL "interrupted" and the target restored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import time
+
+import warnings
+
+import optuna
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from .config import DEFAULT_CONFIG, Config, load_config
+from .errors import ConfigError, TunerError
+from .report import counts_line, pareto_table, trial_line
+from .samplers import SAMPLERS
+from .space import Params
+from .study import run_study
+
+__all__ = ["main", "build_parser", "apply_overrides"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m tuner.optimize",
+        description="Tune SGLang's speculative-decoding flags with an Optuna study.",
+    )
+    p.add_argument("--trials", type=int, required=True, help="trials this run adds to the study")
+    p.add_argument("--config", default=DEFAULT_CONFIG, help=f"study config (default {DEFAULT_CONFIG})")
+    p.add_argument("--study-name", help="overrides [study] name")
+    p.add_argument("--storage", help="overrides [study] storage, e.g. sqlite:///studies/x.db or postgresql://...")
+    p.add_argument("--sampler", choices=SAMPLERS, help="overrides [study] sampler (default auto)")
+    p.add_argument("--seed", type=int, help="sampler seed")
+    p.add_argument("--timeout", type=float, help="stop starting new trials after this many seconds")
+    p.add_argument("-v", "--verbose", action="store_true", help="log the tuner's own steps")
+    return p
+
+
+def apply_overrides(config: Config, *, study_name: str | None, storage: str | None) -> Config:
+    update = {}
+    if study_name:
+        update["name"] = study_name
+    if storage:
+        update["storage"] = storage
+    if not update:
+        return config
+    from pydantic import ValidationError
+
+    from .config import StudyConfig
+
+    try:
+        study = StudyConfig.model_validate({**config.study.model_dump(), **update})
+    except ValidationError as exc:
+        raise ConfigError(f"--study-name: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
+    return config.model_copy(update={"study": study})
+
+
+class RichReporter:
+    """Progress bar over the run's trials, a line per finished trial."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.progress = Progress(
+            SpinnerColumn(),
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[phase]}"),
+            console=console,
+            transient=True,
+        )
+        self.task = None
+        self.metric_names: list[str] = []
+        self.started = 0.0
+
+    def __enter__(self) -> "RichReporter":
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def run_started(self, study, config, trials):
+        self.metric_names = list(study.metric_names or [])
+        self.started = time.monotonic()
+        done = len(study.trials)
+        where = config.storage_url.split("@")[-1]
+        self.console.print(
+            soft_wrap=True, highlight=False,
+            *[f"study [bold]{study.study_name}[/bold] in {where}: {done} earlier trial(s); "
+            f"objectives {', '.join(self.metric_names)}; target {config.target.host} ({config.target.manager})"]
+        )
+        self.task = self.progress.add_task("trials", total=trials, phase="")
+
+    def trial_started(self, number: int, params: Params, launch_command: str):
+        if self.task is not None:
+            self.progress.update(self.task, description=f"trial {number}", phase="launching")
+
+    def phase(self, text: str):
+        if self.task is not None:
+            self.progress.update(self.task, phase=text)
+
+    def trial_finished(self, trial):
+        self.console.print(trial_line(trial, self.metric_names), highlight=False, soft_wrap=True)
+        if self.task is not None:
+            self.progress.advance(self.task)
+
+    def warning(self, text: str):
+        self.console.print(f"[yellow]warning:[/yellow] {text}", highlight=False)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    # Wide enough for the Pareto table when the output is a file or a pipe (CI logs).
+    err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+    out = Console(width=None if sys.stdout.isatty() else 200)
+    if args.trials < 0:
+        err.print("error: --trials must be >= 0", highlight=False)
+        return 2
+    # SIGTERM (systemd stop, kill) unwinds like Ctrl-C, so the target is restored.
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        config = apply_overrides(load_config(args.config), study_name=args.study_name, storage=args.storage)
+        with RichReporter(err) as reporter:
+            result = run_study(config, trials=args.trials, sampler_name=args.sampler, seed=args.seed,
+                               reporter=reporter, timeout_s=args.timeout)
+    except TunerError as exc:
+        err.print(f"error: {exc}", highlight=False, markup=False)
+        return 2
+    except KeyboardInterrupt:
+        err.print("interrupted: the running trial is recorded as FAIL (interrupted); the target was restored", highlight=False)
+        return 130
+    study = result.study
+    names = [o.name for o in result.objectives]
+    if any(t.state.name == "COMPLETE" for t in study.trials):
+        out.print(pareto_table(study, names))
+    else:
+        out.print(f"no trial completed ({counts_line(study)})", highlight=False)
+    if result.fatal is not None:
+        err.print(f"error: {result.fatal.reason}", highlight=False, markup=False)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""How a study reads in a terminal: one line per trial, the Pareto table at the end."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+from rich.table import Table
+
+__all__ = ["trial_line", "pareto_table", "counts_line", "fmt", "PARAM_COLUMNS"]
+
+PARAM_COLUMNS = (
+    ("speculative_num_steps", "steps"),
+    ("speculative_eagle_topk", "topk"),
+    ("speculative_num_draft_tokens", "draft"),
+    ("mem_fraction_static", "mem"),
+)
+
+
+def fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "-"
+        return f"{value:.{digits}f}" if abs(value) < 1e5 else f"{value:,.0f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def _flags(trial: FrozenTrial) -> dict[str, Any]:
+    return trial.user_attrs.get("flags") or trial.params
+
+
+def _params_text(trial: FrozenTrial) -> str:
+    flags = _flags(trial)
+    parts = []
+    for key, short in PARAM_COLUMNS:
+        if key in flags:
+            value = flags[key]
+            parts.append(f"{short}={value:g}" if isinstance(value, float) else f"{short}={value}")
+    return " ".join(parts) or "base command"
+
+
+def trial_line(trial: FrozenTrial, metric_names: list[str]) -> str:
+    head = f"trial {trial.number:>3} {_params_text(trial):<38}"
+    if trial.state == TrialState.COMPLETE:
+        values = "  ".join(f"{n}={fmt(v)}" for n, v in zip(metric_names, trial.values))
+        spread = trial.user_attrs.get("single_tps_spread")
+        extra = f"  (±{spread * 100:.1f}%)" if isinstance(spread, float) else ""
+        accept = trial.user_attrs.get("accept_length")
+        acc = f"  accept={accept:.2f}" if isinstance(accept, float) else ""
+        return f"{head} [green]COMPLETE[/green] {values}{extra}{acc}"
+    reason = trial.user_attrs.get("fail_reason", "")
+    color = "yellow" if trial.state == TrialState.PRUNED else "red"
+    return f"{head} [{color}]{trial.state.name}[/{color}] {reason}"
+
+
+def counts_line(study: optuna.Study) -> str:
+    counts: dict[str, int] = {}
+    for t in study.trials:
+        counts[t.state.name] = counts.get(t.state.name, 0) + 1
+    return ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items())) or "no trials"
+
+
+def pareto_table(study: optuna.Study, metric_names: list[str]) -> Table:
+    """The Pareto-optimal trials, best first by the first objective."""
+    table = Table(title=f"Pareto front of study {study.study_name!r} ({counts_line(study)})", title_justify="left")
+    table.add_column("trial", justify="right")
+    for _, short in PARAM_COLUMNS:
+        table.add_column(short, justify="right")
+    for name in metric_names:
+        table.add_column(name, justify="right")
+    table.add_column("accept", justify="right")
+    table.add_column("max_running", justify="right")
+    table.add_column("kv_tokens", justify="right")
+    best = sorted(study.best_trials, key=lambda t: -t.values[0])
+    for t in best:
+        flags = _flags(t)
+        row = [str(t.number)]
+        for key, _ in PARAM_COLUMNS:
+            value = flags.get(key)
+            row.append(f"{value:g}" if isinstance(value, float) else fmt(value))
+        row += [fmt(v) for v in t.values]
+        row += [
+            fmt(t.user_attrs.get("accept_length"), 2),
+            fmt(t.user_attrs.get("max_running_requests")),
+            fmt(t.user_attrs.get("max_total_num_tokens")),
+        ]
+        table.add_row(*row)
+    return table

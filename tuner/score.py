@@ -1,0 +1,76 @@
+"""Objectives by name: `[study] objectives` -> the modules in `objectives/` -> values.
+
+`concurrent_tps` expands to one column per level when `[bench] concurrency` is a list
+(`concurrent_tps@1`, `concurrent_tps@8`, ...), so each load level is its own objective.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+from dataclasses import dataclass
+from types import ModuleType
+
+from .errors import ConfigError
+from .measure import Measurement
+
+__all__ = ["Objective", "available", "load_objectives", "score"]
+
+
+@dataclass(frozen=True)
+class Objective:
+    name: str  # the Optuna metric name
+    module: ModuleType
+    level: int | None = None
+
+    @property
+    def unit(self) -> str:
+        return getattr(self.module, "unit", "")
+
+    @property
+    def description(self) -> str:
+        return getattr(self.module, "description", (self.module.__doc__ or "").strip())
+
+    def __call__(self, m: Measurement) -> float:
+        if self.level is not None:
+            return float(self.module.score(m, level=self.level))
+        return float(self.module.score(m))
+
+
+def available() -> list[str]:
+    import objectives
+
+    return sorted(info.name for info in pkgutil.iter_modules(objectives.__path__) if not info.name.startswith("_"))
+
+
+def _module(name: str) -> ModuleType:
+    if name not in available():
+        raise ConfigError(f"[study] objectives: unknown objective {name!r}; available: {', '.join(available())}")
+    module = importlib.import_module(f"objectives.{name}")
+    if getattr(module, "direction", "maximize") != "maximize":
+        raise ConfigError(f"objectives/{name}.py: every objective is maximised; return the negated value instead")
+    return module
+
+
+def load_objectives(names: list[str], concurrency_levels: list[int]) -> list[Objective]:
+    out: list[Objective] = []
+    for name in names:
+        base, _, level = name.partition("@")
+        module = _module(base)
+        takes_level = "level" in inspect.signature(module.score).parameters
+        if level:
+            if not takes_level or not level.isdigit():
+                raise ConfigError(f"[study] objectives: {name!r}: only a per-level objective takes '@<concurrency>'")
+            if int(level) not in concurrency_levels:
+                raise ConfigError(f"[study] objectives: {name!r} names a level that [bench] concurrency does not measure ({concurrency_levels})")
+            out.append(Objective(name, module, int(level)))
+        elif takes_level and len(concurrency_levels) > 1:
+            out += [Objective(f"{base}@{lvl}", module, lvl) for lvl in concurrency_levels]
+        else:
+            out.append(Objective(name, module))
+    return out
+
+
+def score(objectives: list[Objective], m: Measurement) -> list[float]:
+    return [objective(m) for objective in objectives]

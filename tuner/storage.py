@@ -1,0 +1,52 @@
+"""Where a study lives: sqlite (one host, resumable) or PostgreSQL (several hosts).
+
+sqlite is opened with a long busy timeout so that optuna-dashboard reading the file during a
+run cannot make a write fail ("database is locked"); the directory of a relative sqlite path
+is created.  PostgreSQL needs the optional `postgres` extra (psycopg2).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import optuna
+from sqlalchemy.exc import ArgumentError, OperationalError
+from sqlalchemy.exc import NoSuchModuleError
+
+from .config import Config
+from .errors import ConfigError
+
+__all__ = ["open_storage", "storage_for_url", "SQLITE_TIMEOUT_S"]
+
+SQLITE_TIMEOUT_S = 60
+
+
+def storage_for_url(url: str, *, heartbeat_s: int | None = None) -> optuna.storages.BaseStorage:
+    kwargs: dict = {}
+    if url.startswith("sqlite:///"):
+        path = url[len("sqlite:///"):]
+        if path and path != ":memory:":
+            Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        kwargs["engine_kwargs"] = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}}
+    elif url.startswith(("postgresql", "postgres")):
+        try:
+            import psycopg2  # noqa: F401
+        except ImportError:
+            raise ConfigError(f"{url.split('@')[-1]}: PostgreSQL needs its driver; pip install 'sglang-spec-tuner[postgres]'") from None
+        kwargs["engine_kwargs"] = {"pool_pre_ping": True}
+    if heartbeat_s:
+        kwargs["heartbeat_interval"] = heartbeat_s
+        kwargs["grace_period"] = heartbeat_s * 4
+        kwargs["failed_trial_callback"] = optuna.storages.RetryFailedTrialCallback(max_retry=2)
+    try:
+        return optuna.storages.RDBStorage(url, **kwargs)
+    except (ArgumentError, NoSuchModuleError, ValueError) as exc:
+        raise ConfigError(f"[study] storage: {url!r} is not a database URL optuna can open ({exc}); use sqlite:///path.db or postgresql://...") from None
+    except OperationalError as exc:
+        safe = url.split("@")[-1]
+        raise ConfigError(f"[study] storage: cannot open {safe}: {str(exc.orig).strip().splitlines()[0]}; check the URL and that the database is up") from None
+
+
+def open_storage(config: Config) -> optuna.storages.BaseStorage:
+    return storage_for_url(config.storage_url, heartbeat_s=config.study.heartbeat_s)

@@ -1,0 +1,275 @@
+"""One study run: config -> space -> launch -> readiness -> measure -> score -> Optuna.
+
+`run_study` opens (or resumes) the Optuna study, connects to the target, and runs trials with
+`study.optimize`.  Optuna's states carry the outcome: COMPLETE (measured), PRUNED (the server
+could not start with these parameters), FAIL (anything else, the study goes on).  A launch
+error no parameter can fix ends the study after that first trial.  The target is restored
+(our server stopped, the operator's unit put back) on every way out.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import optuna
+
+from . import artifacts
+from .client import ServerClient
+from .config import Config
+from .control import control_for
+from .errors import ConfigError, HostError, LaunchError, MeasureError, TunerError
+from .host import connect
+from .launch import launch_spec, redact
+from .measure import Measurement, measure
+from .readiness import wait_ready
+from .samplers import make_sampler
+from .score import Objective, load_objectives, score
+from .space import Params, params_from_argv, suggest
+from .storage import open_storage
+from .workload import Workload, load_workload
+
+__all__ = ["Reporter", "RunResult", "run_study", "record_measurement", "SilentReporter"]
+
+logger = logging.getLogger(__name__)
+
+LOG_TAIL_LINES = 40
+
+
+class Reporter(Protocol):
+    """What a run tells its user; `optimize.py` implements it with rich."""
+
+    def run_started(self, study: optuna.Study, config: Config, trials: int) -> None: ...
+    def trial_started(self, number: int, params: Params, launch_command: str) -> None: ...
+    def phase(self, text: str) -> None: ...
+    def trial_finished(self, trial: optuna.trial.FrozenTrial) -> None: ...
+    def warning(self, text: str) -> None: ...
+
+
+class SilentReporter:
+    def run_started(self, study, config, trials): pass
+    def trial_started(self, number, params, launch_command): pass
+    def phase(self, text): pass
+    def trial_finished(self, trial): pass
+    def warning(self, text): logger.warning(text)
+
+
+@dataclass
+class RunResult:
+    study: optuna.Study
+    objectives: list[Objective]
+    fatal: LaunchError | None = None
+    trials_run: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def _tail(text: str, secrets: tuple[str, ...], lines: int = LOG_TAIL_LINES) -> str:
+    kept = [line[:400] for line in text.rstrip().splitlines()[-lines:]]
+    return redact("\n".join(kept), secrets)
+
+
+def record_measurement(trial: optuna.Trial, m: Measurement) -> None:
+    """The contract's user attrs, plus the spread and latency figures behind them."""
+    attrs: dict[str, Any] = {
+        "max_total_num_tokens": m.max_total_num_tokens,
+        "max_running_requests": m.max_running_requests,
+        "accept_length": m.accept_length,
+        "ttft_ms": round(m.ttft_ms, 2),
+        "ttft_p90_ms": round(m.ttft_p90_ms, 2),
+        "ttft_p99_ms": round(m.ttft_p99_ms, 2),
+        "itl_ms": round(m.itl_ms, 3),
+        "itl_p90_ms": round(m.itl_p90_ms, 3),
+        "itl_p99_ms": round(m.itl_p99_ms, 3),
+        "e2e_ms": round(m.e2e_ms, 1),
+        "e2e_p90_ms": round(m.e2e_p90_ms, 1),
+        "e2e_p99_ms": round(m.e2e_p99_ms, 1),
+        "single_tps_runs": [round(x, 2) for x in m.single_runs],
+        "single_tps_ci95": [round(x, 2) for x in m.single_ci95],
+        "single_tps_spread": round(m.single_spread, 4),
+        "concurrent_tps_by_level": {str(k): round(v, 2) for k, v in m.concurrent_tps_by_level.items()},
+        "concurrent_window_s": {str(k): round(v, 2) for k, v in m.concurrent_window_s.items()},
+        "concurrent_p99_itl_ms": {str(k): round(v, 3) for k, v in m.concurrent_p99_itl_ms.items()},
+        "concurrent_p99_ttft_ms": {str(k): round(v, 1) for k, v in m.concurrent_p99_ttft_ms.items()},
+        "measure_s": round(m.duration_s, 1),
+        "completion_tokens": m.completion_tokens,
+        "ignore_eos": m.ignore_eos,
+    }
+    for key, value in attrs.items():
+        trial.set_user_attr(key, value)
+
+
+class _TrialRunner:
+    """The objective function Optuna calls once per trial."""
+
+    def __init__(self, *, config: Config, control, client: ServerClient, workload: Workload,
+                 objectives: list[Objective], reporter: Reporter, api_key: str | None, store):
+        self.config = config
+        self.control = control
+        self.client = client
+        self.workload = workload
+        self.objectives = objectives
+        self.reporter = reporter
+        self.api_key = api_key
+        self.store = store
+        self.base = params_from_argv(config.server.argv)
+        self.fatal: LaunchError | None = None
+
+    def __call__(self, trial: optuna.Trial) -> list[float]:
+        cfg = self.config
+        params = suggest(trial, cfg.space, self.base)
+        spec = launch_spec(cfg.server, params, api_key=self.api_key)
+        trial.set_user_attr("launch_command", spec.launch_command)
+        trial.set_user_attr("flags", params.as_dict())
+        trial.set_user_attr("target", cfg.target.host)
+        self.reporter.trial_started(trial.number, params, spec.launch_command)
+        try:
+            return self._run(trial, params, spec)
+        except KeyboardInterrupt:
+            trial.set_user_attr("fail_reason", "interrupted")
+            self._save_log(trial, spec)
+            raise
+
+    def _run(self, trial: optuna.Trial, params: Params, spec) -> list[float]:
+        cfg = self.config
+        self.reporter.phase("launching")
+        self.control.start(spec)
+        self.reporter.phase("waiting for the server")
+        try:
+            ready = wait_ready(
+                self.control, self.client, params=params, timeout_s=cfg.target.ready_timeout_s,
+                poll_s=cfg.target.poll_interval_s, url=cfg.target.url,
+            )
+        except LaunchError as exc:
+            trial.set_user_attr("fail_reason", redact(exc.reason, spec.secrets))
+            trial.set_user_attr("failure_kind", exc.kind)
+            trial.set_user_attr("log_tail", _tail(exc.log_tail or self.control.log(), spec.secrets))
+            self._save_log(trial, spec)
+            self.control.stop()
+            if exc.fatal:
+                self.fatal = exc
+                raise
+            raise optuna.TrialPruned(exc.reason) from None
+        info = ready.info
+        trial.set_user_attr("startup_s", round(ready.startup_s, 1))
+        trial.set_user_attr("max_total_num_tokens", info.max_total_num_tokens)
+        trial.set_user_attr("max_running_requests", info.max_running_requests)
+        if info.version:
+            trial.set_user_attr("sglang_version", info.version)
+        if info.accelerator:
+            trial.set_user_attr("accelerator", info.accelerator)
+        if info.gpu_count:
+            trial.set_user_attr("gpu_count", info.gpu_count)
+        try:
+            m = measure(
+                url=cfg.target.url, bench=cfg.bench, info=info, workload=self.workload, client=self.client,
+                api_key=self.api_key, progress=lambda phase, done, total: self.reporter.phase(f"{phase} {done}/{total}"),
+            )
+        except MeasureError as exc:
+            status, _ = self.control.poll()
+            reason = str(exc)
+            if not status.running:
+                reason += f"; the server exited ({status.exit_code})" if status.exit_code is not None else "; the server is gone"
+            trial.set_user_attr("fail_reason", redact(reason, spec.secrets))
+            trial.set_user_attr("log_tail", _tail(self.control.log(), spec.secrets))
+            self._save_log(trial, spec)
+            self.control.stop()
+            raise MeasureError(reason) from None
+        record_measurement(trial, m)
+        self.control.poll()  # collect the rest of the log
+        self._save_log(trial, spec)
+        self.control.stop()
+        return score(self.objectives, m)
+
+    def _save_log(self, trial: optuna.Trial, spec) -> None:
+        if self.store is None:
+            return
+        try:
+            artifacts.save_log(self.store, trial, redact(self.control.log(), spec.secrets))
+        except Exception as exc:  # a full disk must not lose the trial's result
+            self.reporter.warning(f"trial {trial.number}: could not store the server log: {exc}")
+
+
+def _check_study(study: optuna.Study, names: list[str], config: Config) -> None:
+    existing = study.metric_names
+    if existing is not None and list(existing) != names:
+        raise ConfigError(
+            f"study {study.study_name!r} in {config.storage_url} records objectives {list(existing)}, "
+            f"not {names}; use the same [study] objectives or another --study-name"
+        )
+
+
+def open_study(config: Config, *, sampler_name: str | None = None, seed: int | None = None,
+               objectives: list[Objective] | None = None) -> tuple[optuna.Study, list[Objective]]:
+    objectives = objectives or load_objectives(config.study.objectives, config.bench.concurrency_levels)
+    names = [o.name for o in objectives]
+    storage = open_storage(config)
+    sampler = make_sampler(sampler_name or config.study.sampler, seed if seed is not None else config.study.seed,
+                           n_objectives=len(names), constraints=config.constraints)
+    try:
+        study = optuna.create_study(
+            study_name=config.study.name,
+            storage=storage,
+            sampler=sampler,
+            directions=["maximize"] * len(names),
+            load_if_exists=True,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"study {config.study.name!r} in {config.storage_url}: {exc}; use another --study-name") from None
+    _check_study(study, names, config)
+    if study.metric_names is None:
+        study.set_metric_names(names)
+    return study, objectives
+
+
+def run_study(
+    config: Config,
+    *,
+    trials: int,
+    sampler_name: str | None = None,
+    seed: int | None = None,
+    reporter: Reporter | None = None,
+    timeout_s: float | None = None,
+) -> RunResult:
+    """Run `trials` trials of the config's study (resuming it if it exists)."""
+    reporter = reporter or SilentReporter()
+    study, objectives = open_study(config, sampler_name=sampler_name, seed=seed)
+    workload = load_workload(config.bench.prompts, seed=config.bench.seed, base_dir=config.base_dir)
+    api_key = os.environ.get(config.target.api_key_env) if config.target.api_key_env else None
+    store = artifacts.open_store(config)
+    result = RunResult(study=study, objectives=objectives)
+    shell = connect(config.target)
+    client = ServerClient(config.target.url, api_key=api_key)
+    try:
+        with control_for(config, shell) as control:
+            control.stop()  # a server an earlier (killed) run left behind
+            if config.target.manager == "process" and client.answers():
+                raise HostError(
+                    f"something already answers at {config.target.url} that the tuner did not start; "
+                    "stop it or point [target] url (and --port) elsewhere"
+                )
+            runner = _TrialRunner(config=config, control=control, client=client, workload=workload,
+                                  objectives=objectives, reporter=reporter, api_key=api_key, store=store)
+            reporter.run_started(study, config, trials)
+            before = len(study.trials)
+            try:
+                study.optimize(
+                    runner,
+                    n_trials=trials,
+                    timeout=timeout_s,
+                    catch=(MeasureError,),
+                    callbacks=[lambda s, t: reporter.trial_finished(t)],
+                    gc_after_trial=False,
+                )
+            except LaunchError as exc:
+                if not exc.fatal:
+                    raise
+                result.fatal = exc
+            result.trials_run = len(study.trials) - before
+    finally:
+        client.close()
+        shell.close()
+    return result
