@@ -84,10 +84,10 @@ QWEN35_122B = Profile(
     ),
     draft_timing=DraftTiming(fixed_ms=0.1, stream_ms=0.2),  # calibrated with the seed's steps
     acceptance=Acceptance(
-        first=0.86,  # assumed: MTP heads accept ~80-90% of first drafts on chat text
-        depth_decay=0.88,  # one MTP layer reused for deeper steps drifts faster than EAGLE
+        first=0.90,  # assumed: MTP heads accept ~80-90% of first drafts on chat text
+        depth_decay=0.90,  # one MTP layer reused for deeper steps drifts faster than EAGLE
         second_share=0.5,
-        degenerate=0.985,  # calibrated: greedy + ignore_eos loops are almost fully predicted
+        degenerate=0.995,  # calibrated: greedy + ignore_eos loops are almost fully predicted
         temperature_slope=0.9,
         prompt_spread=0.4,
     ),

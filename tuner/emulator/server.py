@@ -427,14 +427,13 @@ def build_app(state: ServerState) -> Starlette:
         )
 
     async def flush_cache(request: HttpRequest) -> Response:
-        if all(e.flush_cache() for e in state.engines if e.idle) and all(e.idle for e in state.engines):
+        # Each rank flushes only when idle (and logs why not otherwise), as the scheduler does.
+        flushed = [e.flush_cache() for e in state.engines]
+        if all(flushed):
             return PlainTextResponse(
                 "Cache flushed.\nPlease check backend logs for more details. (When there are running "
                 "or waiting requests, the operation will not be performed.)\n"
             )
-        for e in state.engines:
-            if not e.idle:
-                e.flush_cache()  # logs "Cache not flushed because there are pending requests."
         return PlainTextResponse("Flush cache failed.\n", status_code=400)
 
     async def metrics(request: HttpRequest) -> Response:

@@ -1,0 +1,169 @@
+"""Shared fixtures: real emulator processes on free ports, study configs in temp dirs.
+
+Fixtures start processes in their own session and stop the whole group (SIGTERM, then
+SIGKILL), and print the server's log when a test fails, as GuideLLM's e2e harness does.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Emulator:
+    proc: subprocess.Popen
+    port: int
+    log_path: Path
+    argv: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def wait_healthy(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"emulator exited {self.proc.returncode}:\n{self.log()[-3000:]}")
+            try:
+                if httpx.get(self.url + "/health_generate", timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"emulator not healthy after {timeout} s:\n{self.log()[-3000:]}")
+
+    def wait_exit(self, timeout: float = 30.0) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=10)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def emulator_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("SGLANG_EMULATOR_LOAD_SCALE", "0.005")
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def start_emulator(tmp_path, request):
+    """start_emulator(*flags, env={}) -> Emulator (not waited for)."""
+    started: list[Emulator] = []
+
+    def start(*flags: str, env: dict[str, str] | None = None, model: str = "Qwen/Qwen3.5-122B-A10B", port: int | None = None) -> Emulator:
+        port = port or free_port()
+        argv = [PYTHON, "-m", "tuner.emulator", "--model-path", model, "--host", "127.0.0.1", "--port", str(port), *flags]
+        if model.startswith("Qwen/Qwen3.5") and "--tp" not in flags and "--tp-size" not in flags:
+            argv += ["--tp", "4"]
+        log_path = tmp_path / f"emulator-{port}.log"
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=emulator_env(**(env or {})),
+                                    start_new_session=True, cwd=REPO)
+        emu = Emulator(proc, port, log_path, argv)
+        started.append(emu)
+        return emu
+
+    yield start
+    failed = getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed
+    for emu in started:
+        emu.stop()
+        if failed:
+            print(f"\n--- emulator log ({' '.join(emu.argv[3:])}) ---\n{emu.log()[-4000:]}")
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, f"rep_{rep.when}", rep)
+
+
+def write_config(tmp_path: Path, *, name: str = "t", port: int | None = None, command_flags: str = "--speculative-algorithm NEXTN",
+                 space: str | None = None, bench: str | None = None, target: str = "", study: str = "",
+                 env: str = 'SGLANG_EMULATOR_LOAD_SCALE = "0.005", SGLANG_EMULATOR_TIME_SCALE = "0.25"',
+                 model: str = "Qwen/Qwen3.5-122B-A10B --tp 4", storage: str | None = None) -> Path:
+    """A study config for the emulator on a free port, with a small, fast benchmark."""
+    port = port or free_port()
+    storage = storage or f"sqlite:///{tmp_path / (name + '.db')}"
+    space = space if space is not None else textwrap.dedent("""
+        speculative_num_steps = { low = 1, high = 3 }
+        speculative_eagle_topk = { choices = [1, 2] }
+        mem_fraction_static = { low = 0.80, high = 0.90, step = 0.02 }
+    """)
+    bench = bench if bench is not None else textwrap.dedent("""
+        max_tokens = 48
+        single_requests = 2
+        single_min_passes = 1
+        single_max_passes = 2
+        concurrency = 4
+        concurrent_requests = 8
+        warmup_requests = 1
+    """)
+    text = textwrap.dedent(f"""
+        [study]
+        name = "{name}"
+        storage = "{storage}"
+        artifacts = "{tmp_path / (name + '.artifacts')}"
+        {study}
+
+        [target]
+        url = "http://127.0.0.1:{port}"
+        ready_timeout_s = 60
+        poll_interval_s = 0.2
+        workdir = "{tmp_path / 'work'}"
+        {target}
+
+        [server]
+        command = "{PYTHON} -m tuner.emulator --model-path {model} --host 127.0.0.1 --port {port} {command_flags}"
+        env = {{ {env} }}
+
+        [space]
+        {space}
+
+        [bench]
+        {bench}
+    """)
+    path = tmp_path / f"{name}.toml"
+    path.write_text(text)
+    return path
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run([PYTHON, "-m", "tuner.optimize", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd or REPO, env=full_env)
