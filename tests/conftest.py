@@ -115,7 +115,7 @@ def pytest_runtest_makereport(item, call):
 def write_config(tmp_path: Path, *, name: str = "t", port: int | None = None, command_flags: str = "--speculative-algorithm NEXTN",
                  space: str | None = None, bench: str | None = None, target: str = "", study: str = "",
                  env: str = 'SGLANG_EMULATOR_LOAD_SCALE = "0.005", SGLANG_EMULATOR_TIME_SCALE = "0.25"',
-                 model: str = "Qwen/Qwen3.5-122B-A10B --tp 4", storage: str | None = None) -> Path:
+                 model: str = "Qwen/Qwen3.5-122B-A10B --tp 4", storage: str | None = None, ready_timeout_s: float = 60) -> Path:
     """A study config for the emulator on a free port, with a small, fast benchmark."""
     port = port or free_port()
     storage = storage or f"sqlite:///{tmp_path / (name + '.db')}"
@@ -142,7 +142,7 @@ def write_config(tmp_path: Path, *, name: str = "t", port: int | None = None, co
 
         [target]
         url = "http://127.0.0.1:{port}"
-        ready_timeout_s = 60
+        ready_timeout_s = {ready_timeout_s}
         poll_interval_s = 0.2
         workdir = "{tmp_path / 'work'}"
         {target}

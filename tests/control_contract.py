@@ -1,0 +1,93 @@
+"""The service-control contract, run against every implementation (Optuna's StorageTestCase idea).
+
+A subclass provides `make_control(tmp_path)` and `spec(script)`; the script is a shell
+snippet the "server" runs.  Local ProcessControl always runs; the SSH and systemd variants run
+on the CI test host.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tuner.launch import LaunchSpec
+
+
+def wait_for(predicate, timeout: float = 10.0, interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError("condition not met in time")
+
+
+class ControlContract:
+    def make_control(self, tmp_path):
+        raise NotImplementedError
+
+    def spec(self, script: str, env: dict[str, str] | None = None) -> LaunchSpec:
+        return LaunchSpec(argv=("sh", "-c", script), env=env or {})
+
+    def process_alive(self, control, pattern: str) -> bool:
+        """Whether a process whose command line contains `pattern` runs on the target."""
+        # "[s]leep" matches "sleep" but not the command line of the shell running pgrep.
+        regex = f"[{pattern[0]}]{pattern[1:]}"
+        return control.shell.run(f"pgrep -f {regex!r} >/dev/null").ok
+
+    def test_start_poll_and_log(self, tmp_path):
+        control = self.make_control(tmp_path)
+        with control:
+            control.start(self.spec('echo "hello $GREETING"; exec sleep 30', env={"GREETING": "world"}))
+            wait_for(lambda: "hello world" in (control.poll()[1] + control.log()))
+            status, _ = control.poll()
+            assert status.running
+
+    def test_exit_status_is_seen(self, tmp_path):
+        control = self.make_control(tmp_path)
+        with control:
+            control.start(self.spec("echo bye; exit 3"))
+            status = wait_for(lambda: (lambda s: s if s.state == "exited" else None)(control.poll()[0]))
+            assert status.exit_code == 3
+            assert "bye" in control.log()
+
+    def test_killed_by_signal_reports_minus_nine(self, tmp_path):
+        control = self.make_control(tmp_path)
+        with control:
+            control.start(self.spec("kill -9 $$"))
+            status = wait_for(lambda: (lambda s: s if s.state == "exited" else None)(control.poll()[0]))
+            assert status.exit_code == -9
+
+    def test_stop_takes_the_whole_process_group_and_is_idempotent(self, tmp_path):
+        control = self.make_control(tmp_path)
+        marker = f"sleep 60.{time.time_ns() % 10**9}"  # a unique command line to look for
+        with control:
+            # A child of the server: it must die with the group.
+            control.start(self.spec(f"{marker} & exec sleep 60"))
+            wait_for(lambda: self.process_alive(control, marker))
+            control.stop()
+            wait_for(lambda: not self.process_alive(control, marker), timeout=5)
+            assert not control.poll()[0].running
+            control.stop()
+
+    def test_stop_escalates_to_sigkill(self, tmp_path):
+        control = self.make_control(tmp_path)
+        control.stop_timeout_s = 0.5
+        with control:
+            control.start(self.spec("trap '' TERM; while true; do sleep 0.1; done"))
+            wait_for(lambda: control.poll()[0].running)
+            started = time.monotonic()
+            control.stop()
+            assert time.monotonic() - started < 10
+            assert not control.poll()[0].running
+
+    def test_restart_replaces_the_previous_server(self, tmp_path):
+        control = self.make_control(tmp_path)
+        with control:
+            control.start(self.spec("echo first; exec sleep 60"))
+            wait_for(lambda: "first" in control.log() or "first" in control.poll()[1])
+            control.start(self.spec("echo second; exec sleep 60"))
+            wait_for(lambda: "second" in control.poll()[1] + control.log())
+            assert "first" not in control.log()
