@@ -313,7 +313,7 @@ port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 install_wheels() {
   gssh "set -e; python3 -m venv $TH_VENV; $TH_VENV/bin/pip install -q --disable-pip-version-check \
---no-index --find-links /opt/wheelhouse /opt/wheelhouse/*.whl" >&2
+--no-index --no-deps --find-links /opt/wheelhouse /opt/wheelhouse/*.whl" >&2
 }
 
 write_env() {
