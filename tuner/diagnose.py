@@ -65,10 +65,10 @@ _INVALID = (
 
 def _last_exception_line(log: str) -> str | None:
     """The last 'SomeError: message' line of a Python traceback in the log."""
-    matches = re.findall(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Exit)): ?(.*)$", log, re.M)
+    matches = re.findall(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Exit))(?:: ?(.*))?$", log, re.M)
     for name, message in reversed(matches):
         if name not in ("HTTPError",):
-            return f"{name}: {message}".strip().rstrip(":")
+            return f"{name}: {message}".strip().rstrip(":") if message else name
     return None
 
 

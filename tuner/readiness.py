@@ -53,7 +53,8 @@ def wait_ready(
         while True:
             status, _ = control.poll()
             recent = control.log()[-262144:]
-            if status.state in ("exited", "stopped", "failed") or (status.state == "restarting"):
+            if status.state in ("exited", "stopped", "failed", "restarting"):
+                recent = _drain_log(control)
                 failure = classify(recent, status.exit_code, params=at)
                 detail = f" [{status.detail}]" if status.detail else ""
                 raise LaunchError(failure.reason + detail, kind=failure.kind, fatal=failure.fatal, log_tail=recent[-20000:])
@@ -85,6 +86,20 @@ def wait_ready(
         raise LaunchError(f"the server became healthy but /server_info failed: {exc}", kind="exit") from exc
     check_server_args(info, params, url or client.url)
     return Ready(info=info, startup_s=time.monotonic() - started)
+
+
+def _drain_log(control: ServiceControl, wait_s: float = 3.0) -> str:
+    """The log of a server that just died: journald (or a pipe) may still be delivering its
+    last lines, and those say why."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        log = control.log()
+        if early_failure(log[-262144:]):
+            break
+        _, new = control.poll()
+        if not new:
+            time.sleep(0.3)
+    return control.log()[-262144:]
 
 
 def check_server_args(info: ServerInfo, params: Params, url: str) -> None:

@@ -132,6 +132,9 @@ class _TrialRunner:
             trial.set_user_attr("fail_reason", "interrupted")
             self._save_log(trial, spec)
             raise
+        except HostError as exc:
+            trial.set_user_attr("fail_reason", redact(str(exc), spec.secrets))
+            raise
 
     def _run(self, trial: optuna.Trial, params: Params, spec) -> list[float]:
         cfg = self.config
@@ -245,7 +248,7 @@ def run_study(
     client = ServerClient(config.target.url, api_key=api_key)
     try:
         with control_for(config, shell) as control:
-            control.stop()  # a server an earlier (killed) run left behind
+            control.prepare()  # check the target; undo what a killed run left behind
             if config.target.manager == "process" and client.answers():
                 raise HostError(
                     f"something already answers at {config.target.url} that the tuner did not start; "

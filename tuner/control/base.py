@@ -33,6 +33,9 @@ class ServiceStatus:
 class ServiceControl(Protocol):
     description: str
 
+    def prepare(self) -> None:
+        """Before the first trial: check the target, undo what a killed run left behind."""
+
     def start(self, spec: LaunchSpec) -> None:
         """Stop whatever server this control left before, then launch `spec`."""
 

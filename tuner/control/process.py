@@ -58,6 +58,9 @@ class ProcessControl:
 
     # --- interface ---------------------------------------------------------------------------
 
+    def prepare(self) -> None:
+        self.stop()  # a server a killed run left behind
+
     def start(self, spec: LaunchSpec) -> None:
         self.stop()  # ours from the previous trial, or one a killed run left behind
         env = " ".join(shlex.quote(f"{k}={v}") for k, v in spec.env.items())

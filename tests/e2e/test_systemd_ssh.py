@@ -1,0 +1,236 @@
+"""The operator's real path: a systemd unit on a (test) host, driven over SSH with Fabric.
+
+Needs the test host `.ci/services.sh up` starts (Debian with its own systemd and sshd on
+127.0.0.1:2222, the emulator installed at /opt/sglang-emu).  Skipped without it, unless
+TUNER_REQUIRE_SERVICES=1 (CI), where a missing host is a failure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import subprocess
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from ..conftest import REPO, free_port, run_cli
+
+pytestmark = [pytest.mark.e2e, pytest.mark.ssh]
+
+ENV_FILE = REPO / ".ci" / ".testhost" / "env"
+EMU = "/opt/sglang-emu/bin/python -m tuner.emulator --model-path Qwen/Qwen3.5-122B-A10B --tp 4 --host 127.0.0.1"
+
+
+@pytest.fixture(scope="module")
+def host():
+    if not ENV_FILE.exists():
+        if os.environ.get("TUNER_REQUIRE_SERVICES") == "1":
+            pytest.fail("the SSH test host is not running: .ci/services.sh up failed")
+        pytest.skip("no SSH test host (run .ci/services.sh up as root)")
+    env = dict(line.split("=", 1) for line in ENV_FILE.read_text().splitlines() if "=" in line)
+    return env
+
+
+def ssh(host, command: str, user: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    argv = ["ssh", "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={host['TH_KNOWN_HOSTS']}", "-o", "BatchMode=yes",
+            "-i", host["TH_KEY"], "-p", host["TH_PORT"], f"{user or host['TH_USER']}@{host['TH_HOST']}", command]
+    return subprocess.run(argv, capture_output=True, text=True, check=check, timeout=60)
+
+
+def make_unit(host, name: str, port: int, *, restart: str = "no", start: bool = True, extra_env: str = "") -> str:
+    unit = textwrap.dedent(f"""\
+        [Unit]
+        Description=SGLang server (emulator) for the tuner's tests
+
+        [Service]
+        ExecStart={EMU} --port {port} --speculative-algorithm NEXTN --speculative-num-steps 1 --speculative-eagle-topk 1 --speculative-num-draft-tokens 2
+        Environment=SGLANG_EMULATOR_LOAD_SCALE=0.005 SGLANG_EMULATOR_TIME_SCALE=0.25 {extra_env}
+        Restart={restart}
+        RestartSec=0.5
+
+        [Install]
+        WantedBy=multi-user.target
+        """)
+    path = f"/etc/systemd/system/{name}.service"
+    ssh(host, f"cat > {path} <<'EOF'\n{unit}EOF\nsystemctl daemon-reload" + (f" && systemctl start {name}" if start else ""))
+    return path
+
+
+def unit_hash(host, path: str) -> str:
+    return ssh(host, f"sha256sum {path}").stdout.split()[0]
+
+
+def wait_http(url: str, timeout: float = 30) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health_generate", timeout=5).status_code == 200:
+                return httpx.get(url + "/server_info").json()
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"{url} not healthy in {timeout} s")
+
+
+def config(tmp_path: Path, host, *, unit: str, port: int, user: str | None = None, known_hosts: str | None = "default",
+           space: str | None = None, ssh_port: str | None = None, extra_target: str = "") -> Path:
+    known = host["TH_KNOWN_HOSTS"] if known_hosts == "default" else known_hosts
+    known_line = f'known_hosts = "{known}"' if known else ""
+    space = space or 'speculative_num_steps = { choices = [2, 3] }\nmem_fraction_static = { choices = [0.86, 0.88] }'
+    text = textwrap.dedent(f"""
+        [study]
+        name = "{unit}"
+        storage = "sqlite:///{tmp_path / 'study.db'}"
+        artifacts = "{tmp_path / 'artifacts'}"
+
+        [target]
+        host = "{user or host['TH_USER']}@{host['TH_HOST']}:{ssh_port or host['TH_PORT']}"
+        manager = "systemd"
+        unit = "{unit}"
+        identity_file = "{host['TH_KEY']}"
+        {known_line}
+        url = "http://127.0.0.1:{port}"
+        ready_timeout_s = 60
+        poll_interval_s = 0.3
+        {extra_target}
+
+        [server]
+        command = "{EMU} --port {port} --speculative-algorithm NEXTN"
+        env = {{ SGLANG_EMULATOR_LOAD_SCALE = "0.005", SGLANG_EMULATOR_TIME_SCALE = "0.25" }}
+
+        [space]
+        {space}
+
+        [bench]
+        max_tokens = 48
+        single_requests = 2
+        single_min_passes = 1
+        single_max_passes = 2
+        concurrency = 4
+        concurrent_requests = 8
+        warmup_requests = 1
+    """)
+    path = tmp_path / "study.toml"
+    path.write_text(text)
+    return path
+
+
+def _study(tmp_path, name):
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path / 'study.db'}")
+
+
+def test_a_study_over_ssh_leaves_the_unit_byte_identical_and_running_as_before(tmp_path, host):
+    port = free_port()
+    name = f"sglang-a{port}"
+    path = make_unit(host, name, port)
+    before = unit_hash(host, path)
+    assert wait_http(f"http://127.0.0.1:{port}")["speculative_num_steps"] == 1
+    result = run_cli("--trials", "2", "--config", str(config(tmp_path, host, unit=name, port=port)), "--seed", "0")
+    assert result.returncode == 0, result.stderr
+    trials = _study(tmp_path, name).trials
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 2
+    for t in trials:
+        assert f"--speculative-num-steps {t.params['speculative_num_steps']}" in t.user_attrs["launch_command"]
+        assert t.user_attrs["target"].endswith(f"@127.0.0.1:{host['TH_PORT']}")
+    assert unit_hash(host, path) == before
+    assert ssh(host, f"test -e /etc/systemd/system/{name}.service.d/zz-sglang-tuner.conf", check=False).returncode != 0
+    # The operator's own command runs again.
+    info = wait_http(f"http://127.0.0.1:{port}")
+    assert info["speculative_num_steps"] == 1 and info["mem_fraction_static"] == pytest.approx(0.854)
+    ssh(host, f"systemctl stop {name}; rm -f {path}; systemctl daemon-reload")
+
+
+def test_a_stopped_unit_stays_stopped_and_sudo_works_for_a_plain_user(tmp_path, host):
+    port = free_port()
+    name = f"sglang-b{port}"
+    path = make_unit(host, name, port, start=False)
+    result = run_cli("--trials", "1", "--config", str(config(tmp_path, host, unit=name, port=port, user=host["TH_SUDO_USER"])))
+    assert result.returncode == 0, result.stderr
+    assert _study(tmp_path, name).trials[0].state == TrialState.COMPLETE
+    assert ssh(host, f"systemctl is-active {name}", check=False).stdout.strip() in ("inactive", "failed")
+    ssh(host, f"rm -f {path}; systemctl daemon-reload")
+
+
+def test_a_unit_in_a_restart_loop_is_a_pruned_trial_not_a_timeout(tmp_path, host):
+    port = free_port()
+    name = f"sglang-c{port}"
+    path = make_unit(host, name, port, restart="always", start=False)
+    cfg = config(tmp_path, host, unit=name, port=port, space="mem_fraction_static = { choices = [0.60] }\nspeculative_num_steps = { choices = [2] }")
+    started = time.monotonic()
+    result = run_cli("--trials", "1", "--config", str(cfg))
+    assert result.returncode == 0, result.stderr
+    (trial,) = _study(tmp_path, name).trials
+    assert trial.state == TrialState.PRUNED
+    assert "KV cache does not fit" in trial.user_attrs["fail_reason"]
+    assert "Loaded weights leave no GPU memory" in trial.user_attrs["log_tail"]
+    assert time.monotonic() - started < 45
+    assert ssh(host, f"systemctl is-active {name}", check=False).stdout.strip() != "active"
+    ssh(host, f"systemctl stop {name}; rm -f {path}; systemctl daemon-reload")
+
+
+def test_a_dropped_ssh_connection_is_reestablished(tmp_path, host):
+    port = free_port()
+    name = f"sglang-d{port}"
+    path = make_unit(host, name, port, start=False)
+    cfg = config(tmp_path, host, unit=name, port=port, space="speculative_num_steps = { choices = [2] }")
+    proc = subprocess.Popen([os.sys.executable, "-m", "tuner.optimize", "--trials", "2", "--config", str(cfg)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def drop_sessions():
+        # Once the first trial's server is up, kill every SSH session on the host (the tuner's too).
+        wait_http(f"http://127.0.0.1:{port}", timeout=60)
+        ssh(host, "pkill -f 'sshd: root@' || true", check=False)
+
+    dropper = threading.Thread(target=drop_sessions)
+    dropper.start()
+    out, err = proc.communicate(timeout=300)
+    dropper.join()
+    assert proc.returncode == 0, err
+    trials = _study(tmp_path, name).trials
+    assert len(trials) == 2
+    assert all(t.state in (TrialState.COMPLETE, TrialState.FAIL) for t in trials)
+    assert trials[-1].state == TrialState.COMPLETE  # the run carried on after reconnecting
+    assert "connection lost" in err or all(t.state == TrialState.COMPLETE for t in trials)
+    assert ssh(host, f"test -e /etc/systemd/system/{name}.service.d/zz-sglang-tuner.conf", check=False).returncode != 0
+    ssh(host, f"systemctl stop {name}; rm -f {path}; systemctl daemon-reload")
+
+
+def test_an_unknown_host_key_is_rejected_before_any_trial(tmp_path, host):
+    port = free_port()
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    result = run_cli("--trials", "1", "--config", str(config(tmp_path, host, unit="sglang-x", port=port, known_hosts=str(empty))))
+    assert result.returncode == 2
+    assert "unknown SSH host key; add the host to known_hosts (ssh-keyscan) or set [target] accept_unknown_host = true" in result.stderr
+    assert not (tmp_path / "study.db").exists() or not _study(tmp_path, "sglang-x").trials
+
+
+def test_a_changed_host_key_is_refused(tmp_path, host):
+    wrong = tmp_path / "known_hosts"
+    keygen = subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "other")], capture_output=True)
+    assert keygen.returncode == 0
+    key = (tmp_path / "other.pub").read_text().split()
+    wrong.write_text(f"[127.0.0.1]:{host['TH_PORT']} {key[0]} {key[1]}\n")
+    result = run_cli("--trials", "1", "--config", str(config(tmp_path, host, unit="sglang-x", port=free_port(), known_hosts=str(wrong))))
+    assert result.returncode == 2
+    assert "host key does not match known_hosts" in result.stderr
+
+
+def test_an_unreachable_host_names_the_fix(tmp_path, host):
+    result = run_cli("--trials", "1", "--config", str(config(tmp_path, host, unit="sglang-x", port=free_port(), ssh_port=str(free_port()))))
+    assert result.returncode == 2
+    assert "connection refused; check [target] host (and its port) and that sshd runs" in result.stderr
+
+
+def test_a_missing_unit_names_the_fix(tmp_path, host):
+    result = run_cli("--trials", "1", "--config", str(config(tmp_path, host, unit="no-such-unit", port=free_port())))
+    assert result.returncode == 2
+    assert "no such unit" in result.stderr and "[target] unit" in result.stderr
