@@ -18,7 +18,7 @@ from typing import Any, Callable, Protocol
 
 import optuna
 
-from . import artifacts
+from . import artifacts, history
 from .client import ServerClient
 from .config import Config
 from .control import control_for
@@ -126,6 +126,9 @@ class _TrialRunner:
         trial.set_user_attr("flags", params.as_dict())
         trial.set_user_attr("target", cfg.target.host)
         self.reporter.trial_started(trial.number, params, spec.launch_command)
+        verdict = history.check(params, history.finished(trial.study))
+        if verdict is not None:
+            return self._settled(trial, verdict)
         try:
             return self._run(trial, params, spec)
         except KeyboardInterrupt:
@@ -135,6 +138,20 @@ class _TrialRunner:
         except HostError as exc:
             trial.set_user_attr("fail_reason", redact(str(exc), spec.secrets))
             raise
+
+    def _settled(self, trial: optuna.Trial, verdict: history.Verdict) -> list[float]:
+        """A proposal an earlier trial already answers: no restart."""
+        earlier = verdict.trial
+        if verdict.kind == "duplicate":
+            trial.set_user_attr("duplicate_of", earlier.number)
+            for key, value in earlier.user_attrs.items():
+                if key not in ("flags", "launch_command", "target", "server_log_artifact") and key not in trial.user_attrs:
+                    trial.set_user_attr(key, value)
+            return list(earlier.values)
+        trial.set_user_attr("ruled_out_by", earlier.number)
+        trial.set_user_attr("failure_kind", earlier.user_attrs.get("failure_kind"))
+        trial.set_user_attr("fail_reason", verdict.reason)
+        raise optuna.TrialPruned(verdict.reason)
 
     def _run(self, trial: optuna.Trial, params: Params, spec) -> list[float]:
         cfg = self.config

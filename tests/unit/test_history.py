@@ -1,0 +1,47 @@
+"""Earlier trials settle proposals without a restart."""
+
+import optuna
+from optuna.trial import TrialState, create_trial
+from optuna.distributions import IntDistribution
+
+from tuner.history import check
+from tuner.space import Params
+
+
+def _trial(number, params: Params, state, kind=None, values=None):
+    attrs = {"flags": params.as_dict()}
+    if kind:
+        attrs["failure_kind"] = kind
+    t = create_trial(state=state, values=values, user_attrs=attrs, params={}, distributions={})
+    t.number = number
+    return t
+
+
+def test_identical_complete_trial_is_a_duplicate():
+    done = _trial(3, Params(2, 1, 3, 0.85), TrialState.COMPLETE, values=[1.0])
+    verdict = check(Params(2, 1, 3, 0.85), [done])
+    assert verdict.kind == "duplicate" and verdict.trial.number == 3
+    assert check(Params(2, 1, 3, 0.86), [done]) is None
+
+
+def test_graph_oom_rules_out_larger_configs_only():
+    oom = _trial(5, Params(3, 2, 6, 0.92), TrialState.PRUNED, kind="memory_graph")
+    assert check(Params(3, 4, 8, 0.93), [oom]).kind == "ruled_out"
+    assert "trial 5" in check(Params(3, 2, 6, 0.92), [oom]).reason
+    assert check(Params(3, 2, 6, 0.91), [oom]) is None  # more slack: may fit
+    assert check(Params(3, 1, 4, 0.95), [oom]) is None  # smaller tree: may fit
+
+
+def test_kv_failure_rules_out_lower_fractions_with_as_many_drafts():
+    kv = _trial(1, Params(4, 1, 5, 0.66), TrialState.PRUNED, kind="memory_kv")
+    assert check(Params(5, 1, 6, 0.64), [kv]).kind == "ruled_out"
+    assert check(Params(1, 1, 2, 0.64), [kv]) is None  # fewer drafts need less state
+    assert check(Params(4, 1, 5, 0.70), [kv]) is None
+
+
+def test_other_failures_and_settled_trials_are_not_evidence():
+    invalid = _trial(2, Params(2, 2, 8, 0.8), TrialState.PRUNED, kind="invalid")
+    assert check(Params(2, 2, 8, 0.9), [invalid]) is None
+    copied = _trial(4, Params(2, 1, 3, 0.85), TrialState.COMPLETE, values=[1.0])
+    copied.user_attrs["duplicate_of"] = 3
+    assert check(Params(2, 1, 3, 0.85), [copied]) is None

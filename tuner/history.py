@@ -1,0 +1,93 @@
+"""What earlier trials already say about a proposal, so no restart is wasted on it.
+
+- A proposal identical to a finished (COMPLETE) trial is not relaunched: the trial reports
+  that trial's values, with `duplicate_of`.
+- Memory failures rule out their neighbourhood without a launch:
+  * CUDA-graph OOM at (steps, topk, draft, mfs): anything at least as large in all four
+    needs at least as much graph memory out of a smaller slack;
+  * KV pool too small at (draft, mfs): a lower or equal mem fraction with at least as many
+    draft tokens leaves no more room (hybrid models also store per-draft-token state).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from .space import Params
+
+__all__ = ["Verdict", "check", "params_of"]
+
+_KEYS = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens", "mem_fraction_static")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: str  # "duplicate" | "ruled_out"
+    reason: str
+    trial: FrozenTrial
+
+
+def params_of(trial: FrozenTrial) -> Params | None:
+    flags = trial.user_attrs.get("flags")
+    if not isinstance(flags, dict):
+        return None
+    return Params(**{k: flags.get(k) for k in _KEYS})
+
+
+def _ge(a: float | int | None, b: float | int | None) -> bool:
+    """a >= b, where None (not set) compares only with None."""
+    if a is None or b is None:
+        return a is None and b is None
+    return a >= b - 1e-9
+
+
+def _le(a: float | int | None, b: float | int | None) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return a <= b + 1e-9
+
+
+def check(params: Params, trials: list[FrozenTrial]) -> Verdict | None:
+    """The earlier trial that settles `params` without a launch, if any."""
+    for t in trials:
+        if t.user_attrs.get("duplicate_of") is not None or t.user_attrs.get("ruled_out_by") is not None:
+            continue  # only trials that really ran are evidence
+        other = params_of(t)
+        if other is None:
+            continue
+        if t.state == TrialState.COMPLETE and other == params:
+            return Verdict("duplicate", f"same flags as trial {t.number}", t)
+        if t.state != TrialState.PRUNED:
+            continue
+        kind = t.user_attrs.get("failure_kind")
+        p, o = params, other
+        if kind == "memory_graph" and all(
+            _ge(getattr(p, k), getattr(o, k)) for k in _KEYS
+        ):
+            return Verdict(
+                "ruled_out",
+                f"ruled out by trial {t.number}: its CUDA graphs did not fit at "
+                f"{_describe(o)}, and these parameters need at least as much graph memory",
+                t,
+            )
+        if kind == "memory_kv" and _le(p.mem_fraction_static, o.mem_fraction_static) and _ge(
+            p.speculative_num_draft_tokens, o.speculative_num_draft_tokens
+        ):
+            return Verdict(
+                "ruled_out",
+                f"ruled out by trial {t.number}: its KV cache did not fit at {_describe(o)}, "
+                "and these parameters leave no more room for it",
+                t,
+            )
+    return None
+
+
+def _describe(p: Params) -> str:
+    return ", ".join(f"{k}={v}" for k, v in p.as_dict().items())
+
+
+def finished(study: optuna.Study) -> list[FrozenTrial]:
+    return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
