@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import socket
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -249,7 +250,8 @@ class BenchConfig(_Section):
     warmup_requests: int = Field(default=2, ge=0)
     prompts: str = "builtin"
     seed: int = 0
-    request_timeout_s: float = Field(default=600.0, gt=0)
+    request_timeout_s: float = Field(default=600.0, gt=0)  # one whole request
+    stall_timeout_s: float = Field(default=60.0, gt=0)  # no byte from the server for this long: it hangs
 
     @field_validator("concurrency")
     @classmethod
@@ -371,6 +373,11 @@ def _check_cross(config: Config) -> None:
         value = getattr(config.target, key)
         if value and not os.path.exists(os.path.expanduser(value)):
             raise ConfigError(f"{config.path} [target] {key}: {value} does not exist; fix the path")
+    host = re.match(r"^https?://([^/:]+|\[[^\]]+\])", config.target.url).group(1).strip("[]")
+    try:
+        socket.getaddrinfo(host, None)
+    except socket.gaierror:
+        raise ConfigError(f"{config.path} [target] url: cannot resolve host {host!r}; fix the URL (the server's address as seen from the tuner)") from None
     prompts = config.bench.prompts
     if prompts != "builtin" and not config.resolve_path(prompts).exists():
         raise ConfigError(f"{config.path} [bench] prompts: {prompts} does not exist; give a JSONL or ShareGPT JSON file, or \"builtin\"")

@@ -56,10 +56,14 @@ def redact(text: str, secrets: tuple[str, ...] = ()) -> str:
     return text
 
 
-def launch_spec(server: ServerConfig, params: Params, *, api_key: str | None = None) -> LaunchSpec:
-    """The trial's command: searched flags replaced, `--api-key` appended from the environment."""
+def launch_spec(server: ServerConfig, params: Params, *, api_key: str | None = None, extra: list[str] | None = None) -> LaunchSpec:
+    """The trial's command: searched flags replaced, `--api-key` appended from the environment.
+
+    `extra` (tuner.bench --flags) replaces any flag of the command it names as well."""
     names = [f.name for f in fields(Params)]
-    argv = strip_flags(server.argv, names) + params.flags()
+    extra = extra or []
+    names += [a[2:].split("=", 1)[0].replace("-", "_") for a in extra if a.startswith("--")]
+    argv = strip_flags(server.argv, names) + params.flags() + extra
     secrets: tuple[str, ...] = ()
     if api_key:
         argv += ["--api-key", api_key]

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import httpx
 import openai
 from scipy import stats
 
@@ -105,6 +106,19 @@ class Measurement:
     completion_tokens: int = 0
     duration_s: float = 0.0
     ignore_eos: bool = False
+    greedy_inflation: float | None = None  # single_tps with ignore_eos / without, same prompts
+    concurrent_ttft_p99_ms: float = float("nan")
+    concurrent_phase_tps_by_level: dict[int, float] = field(default_factory=dict)  # ramp-up and drain included
+
+    def slo_values(self, *, p99_itl_ms: float | None, ttft_ms: float | None) -> list[float]:
+        """Optuna constraint values (<= 0 is feasible) for SLOs under load: the p99 ITL and
+        p99 TTFT of the concurrent phase, at its most loaded level."""
+        out = []
+        if p99_itl_ms is not None:
+            out.append(max(self.concurrent_p99_itl_ms.values()) - p99_itl_ms)
+        if ttft_ms is not None:
+            out.append(self.concurrent_ttft_p99_ms - ttft_ms)
+        return out
 
     @property
     def concurrent_tps(self) -> float:
@@ -182,13 +196,21 @@ class _Runner:
             base_url=url.rstrip("/") + "/v1",
             api_key=api_key or "EMPTY",
             max_retries=0,
-            timeout=bench.request_timeout_s,
+            # A hung server is seen after stall_timeout_s without a byte, not after a whole request.
+            timeout=httpx.Timeout(bench.request_timeout_s, read=bench.stall_timeout_s, connect=10.0),
         )
         self.sent = 0
+        self.ignore_eos = bench.ignore_eos
 
     async def one(self, prompt: Prompt, max_tokens: int) -> RequestResult:
+        try:
+            return await asyncio.wait_for(self._one(prompt, max_tokens), self.bench.request_timeout_s)
+        except asyncio.TimeoutError:
+            raise MeasureError(f"a request took longer than request_timeout_s={self.bench.request_timeout_s:g} s") from None
+
+    async def _one(self, prompt: Prompt, max_tokens: int) -> RequestResult:
         self.sent += 1
-        extra = {"ignore_eos": True} if self.bench.ignore_eos else {}
+        extra = {"ignore_eos": True} if self.ignore_eos else {}
         start = time.monotonic()
         first = None
         chunk_times: list[float] = []
@@ -220,7 +242,7 @@ class _Runner:
         except openai.APIStatusError as exc:
             raise MeasureError(f"the server answered {exc.status_code} mid-benchmark: {str(exc.message)[:200]}") from exc
         except openai.APITimeoutError as exc:
-            raise MeasureError(f"a request got no answer within {self.bench.request_timeout_s:g} s: the server hangs") from exc
+            raise MeasureError(f"the server sent nothing for {self.bench.stall_timeout_s:g} s mid-benchmark: it hangs") from exc
         except openai.APIConnectionError as exc:
             raise MeasureError(f"the server stopped answering mid-benchmark ({exc.__cause__ or exc})") from exc
         end = time.monotonic()
@@ -298,8 +320,16 @@ async def _measure(
                 if (hi - lo) / 2 <= bench.single_target_ci * mean:
                     break
         single_tps, ci = summarize_rate(rates)
+        reference_tps = None
+        if bench.ignore_eos:
+            # One pass as real traffic ends (at EOS), to show how much ignore_eos inflates.
+            runner.ignore_eos = False
+            natural = [r.decode_tps for r in [await runner.one(p, bench.max_tokens) for p in pass_prompts] if r.decode_tps]
+            runner.ignore_eos = True
+            reference_tps = statistics.fmean(natural) if natural else None
 
         by_level: dict[int, float] = {}
+        whole_phase: dict[int, float] = {}
         windows: dict[int, float] = {}
         p99_itl: dict[int, float] = {}
         p99_ttft: dict[int, float] = {}
@@ -307,6 +337,8 @@ async def _measure(
         for level in bench.concurrency_levels:
             results = await _concurrent(runner, workload.for_phase("concurrent", bench.concurrent_requests), level, progress, f"concurrency {level}")
             by_level[level], windows[level] = steady_window_rate(results, level)
+            span = max(r.end for r in results) - min(r.start for r in results)
+            whole_phase[level] = sum(r.completion_tokens for r in results) / span if span > 0 else 0.0
             p99_itl[level] = _pct([x for r in results for x in r.itl_s()], 0.99) * 1000
             p99_ttft[level] = _pct([r.ttft_s for r in results], 0.99) * 1000
             concurrent_all += results
@@ -341,6 +373,9 @@ async def _measure(
         completion_tokens=sum(r.completion_tokens for r in singles + concurrent_all),
         duration_s=time.monotonic() - began,
         ignore_eos=bench.ignore_eos,
+        greedy_inflation=single_tps / reference_tps if reference_tps else None,
+        concurrent_ttft_p99_ms=max(p99_ttft.values()) if p99_ttft else float("nan"),
+        concurrent_phase_tps_by_level=whole_phase,
     )
 
 

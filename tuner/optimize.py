@@ -17,6 +17,7 @@ import warnings
 
 import optuna
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from .config import DEFAULT_CONFIG, Config, load_config
@@ -116,7 +117,7 @@ class RichReporter:
             self.progress.advance(self.task)
 
     def warning(self, text: str):
-        self.console.print(f"[yellow]warning:[/yellow] {text}", highlight=False)
+        self.console.print(f"[yellow]warning:[/yellow] {escape(text)}", highlight=False, soft_wrap=True)
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
+from rich.markup import escape
 from rich.table import Table
 
 __all__ = ["trial_line", "pareto_table", "counts_line", "fmt", "PARAM_COLUMNS"]
@@ -54,7 +55,7 @@ def trial_line(trial: FrozenTrial, metric_names: list[str]) -> str:
         accept = trial.user_attrs.get("accept_length")
         acc = f"  accept={accept:.2f}" if isinstance(accept, float) else ""
         return f"{head} [green]COMPLETE[/green] {values}{extra}{acc}"
-    reason = trial.user_attrs.get("fail_reason", "")
+    reason = escape(trial.user_attrs.get("fail_reason", ""))
     color = "yellow" if trial.state == TrialState.PRUNED else "red"
     return f"{head} [{color}]{trial.state.name}[/{color}] {reason}"
 

@@ -20,8 +20,11 @@ def constraints_func(constraints: ConstraintsConfig):
     if constraints.p99_itl_ms is None and constraints.ttft_ms is None:
         return None
 
+    count = (constraints.p99_itl_ms is not None) + (constraints.ttft_ms is not None)
+
     def values(trial: optuna.trial.FrozenTrial) -> Sequence[float]:
-        return trial.user_attrs.get("constraints", [0.0])
+        # A trial that measured nothing (pruned, failed) counts as violating every SLO.
+        return trial.user_attrs.get("constraints") or [1e9] * count
 
     return values
 

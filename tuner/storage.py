@@ -23,11 +23,13 @@ SQLITE_TIMEOUT_S = 60
 
 
 def storage_for_url(url: str, *, heartbeat_s: int | None = None) -> optuna.storages.BaseStorage:
+    check_no_password(url)
     kwargs: dict = {}
     if url.startswith("sqlite:///"):
         path = url[len("sqlite:///"):]
         if path and path != ":memory:":
             Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            _use_wal(Path(path).expanduser())
         kwargs["engine_kwargs"] = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}}
     elif url.startswith(("postgresql", "postgres")):
         try:
@@ -46,6 +48,30 @@ def storage_for_url(url: str, *, heartbeat_s: int | None = None) -> optuna.stora
     except OperationalError as exc:
         safe = url.split("@")[-1]
         raise ConfigError(f"[study] storage: cannot open {safe}: {str(exc.orig).strip().splitlines()[0]}; check the URL and that the database is up") from None
+
+
+def _use_wal(path: Path) -> None:
+    """Write-ahead logging: readers (optuna-dashboard) never block the tuner's writes.
+
+    The mode is stored in the database file, so it is set once, on a new or old file.
+    """
+    import sqlite3
+
+    try:
+        with sqlite3.connect(str(path), timeout=SQLITE_TIMEOUT_S) as db:
+            db.execute("PRAGMA journal_mode=WAL")
+    except sqlite3.Error as exc:
+        raise ConfigError(f"[study] storage: cannot open {path}: {exc}; check the path and its permissions") from None
+
+
+def check_no_password(url: str) -> None:
+    from urllib.parse import urlsplit
+
+    if "://" in url and urlsplit(url).password:
+        raise ConfigError(
+            "[study] storage: the URL holds a password; keep it out of configs and command lines: "
+            "use ~/.pgpass or the PGPASSWORD environment variable"
+        )
 
 
 def open_storage(config: Config) -> optuna.storages.BaseStorage:

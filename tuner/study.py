@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,12 @@ __all__ = ["Reporter", "RunResult", "run_study", "record_measurement", "SilentRe
 logger = logging.getLogger(__name__)
 
 LOG_TAIL_LINES = 40
+WORKER = f"{socket.gethostname()}:{os.getpid()}"  # which tuner process runs a trial
+IGNORE_EOS_WARNING = (
+    "[bench] ignore_eos = true: past a prompt's natural end the text loops and drafts are "
+    "accepted far more often than on real traffic, so speeds are inflated; each trial records "
+    "greedy_inflation (single_tps over a pass that stops at EOS). Set ignore_eos = false to tune for real traffic."
+)
 
 
 class Reporter(Protocol):
@@ -95,6 +102,8 @@ def record_measurement(trial: optuna.Trial, m: Measurement) -> None:
         "concurrent_p99_itl_ms": {str(k): round(v, 3) for k, v in m.concurrent_p99_itl_ms.items()},
         "concurrent_p99_ttft_ms": {str(k): round(v, 1) for k, v in m.concurrent_p99_ttft_ms.items()},
         "measure_s": round(m.duration_s, 1),
+        "greedy_inflation": round(m.greedy_inflation, 3) if m.greedy_inflation else None,
+        "concurrent_ttft_p99_ms": round(m.concurrent_ttft_p99_ms, 1),
         "completion_tokens": m.completion_tokens,
         "ignore_eos": m.ignore_eos,
     }
@@ -125,6 +134,7 @@ class _TrialRunner:
         trial.set_user_attr("launch_command", spec.launch_command)
         trial.set_user_attr("flags", params.as_dict())
         trial.set_user_attr("target", cfg.target.host)
+        trial.set_user_attr("worker", WORKER)
         self.reporter.trial_started(trial.number, params, spec.launch_command)
         verdict = history.check(params, history.finished(trial.study))
         if verdict is not None:
@@ -199,6 +209,9 @@ class _TrialRunner:
             self.control.stop()
             raise MeasureError(reason) from None
         record_measurement(trial, m)
+        c = cfg.constraints
+        if c.p99_itl_ms is not None or c.ttft_ms is not None:
+            trial.set_user_attr("constraints", m.slo_values(p99_itl_ms=c.p99_itl_ms, ttft_ms=c.ttft_ms))
         self.control.poll()  # collect the rest of the log
         self._save_log(trial, spec)
         self.control.stop()
@@ -220,6 +233,38 @@ def _check_study(study: optuna.Study, names: list[str], config: Config) -> None:
             f"study {study.study_name!r} in {config.storage_url} records objectives {list(existing)}, "
             f"not {names}; use the same [study] objectives or another --study-name"
         )
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def recover_stale_trials(study: optuna.Study, reporter: "Reporter") -> list[int]:
+    """RUNNING trials whose tuner on this machine was killed (-9, OOM, power): mark them FAIL
+    and queue their parameters again, so no measurement is lost and nothing stays RUNNING.
+
+    Trials of tuners on other machines are left to Optuna's heartbeat (`[study] heartbeat_s`).
+    """
+    retried = []
+    host = socket.gethostname()
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        worker = t.user_attrs.get("worker", "")
+        name, _, pid = worker.rpartition(":")
+        if name != host or not pid.isdigit() or int(pid) == os.getpid() or _pid_alive(int(pid)):
+            continue
+        storage = study._storage
+        storage.set_trial_user_attr(t._trial_id, "fail_reason", f"interrupted: the tuner running it (pid {pid}) is gone; retried")
+        storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+        study.enqueue_trial(t.params, user_attrs={"retry_of": t.number}, skip_if_exists=False)
+        retried.append(t.number)
+        reporter.warning(f"trial {t.number} was left RUNNING by a killed run (pid {pid}): marked FAIL and queued again")
+    return retried
 
 
 def open_study(config: Config, *, sampler_name: str | None = None, seed: int | None = None,
@@ -257,6 +302,7 @@ def run_study(
     """Run `trials` trials of the config's study (resuming it if it exists)."""
     reporter = reporter or SilentReporter()
     study, objectives = open_study(config, sampler_name=sampler_name, seed=seed)
+    recover_stale_trials(study, reporter)
     workload = load_workload(config.bench.prompts, seed=config.bench.seed, base_dir=config.base_dir)
     api_key = os.environ.get(config.target.api_key_env) if config.target.api_key_env else None
     store = artifacts.open_store(config)
@@ -274,6 +320,8 @@ def run_study(
             runner = _TrialRunner(config=config, control=control, client=client, workload=workload,
                                   objectives=objectives, reporter=reporter, api_key=api_key, store=store)
             reporter.run_started(study, config, trials)
+            if config.bench.ignore_eos:
+                reporter.warning(IGNORE_EOS_WARNING)
             before = len(study.trials)
             try:
                 study.optimize(

@@ -234,3 +234,34 @@ def test_a_missing_unit_names_the_fix(tmp_path, host):
     result = run_cli("--trials", "1", "--config", str(config(tmp_path, host, unit="no-such-unit", port=free_port())))
     assert result.returncode == 2
     assert "no such unit" in result.stderr and "[target] unit" in result.stderr
+
+
+def test_a_killed_run_leaves_a_drop_in_that_the_next_run_removes(tmp_path, host):
+    port = free_port()
+    name = f"sglang-e{port}"
+    path = make_unit(host, name, port)  # running the operator's command
+    before = unit_hash(host, path)
+    cfg = config(tmp_path, host, unit=name, port=port, space="speculative_num_steps = { choices = [3] }")
+    slow = cfg.read_text().replace('SGLANG_EMULATOR_TIME_SCALE = "0.25"', 'SGLANG_EMULATOR_TIME_SCALE = "1"')
+    cfg.write_text(slow)
+    proc = subprocess.Popen([os.sys.executable, "-m", "tuner.optimize", "--trials", "1", "--config", str(cfg)],
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/server_info", timeout=5).json().get("speculative_num_steps") == 3:
+                break
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    proc.wait()
+    dropin = f"/etc/systemd/system/{name}.service.d/zz-sglang-tuner.conf"
+    assert ssh(host, f"grep -c 'original-state: active' {dropin}").stdout.strip() == "1"
+    again = run_cli("--trials", "1", "--config", str(cfg))
+    assert again.returncode == 0, again.stderr
+    assert ssh(host, f"test -e {dropin}", check=False).returncode != 0
+    assert unit_hash(host, path) == before
+    info = wait_http(f"http://127.0.0.1:{port}")
+    assert info["speculative_num_steps"] == 1  # the operator's command, as before the killed run
+    ssh(host, f"systemctl stop {name}; rm -f {path}; systemctl daemon-reload")

@@ -78,3 +78,14 @@ def test_repo_configs_load():
     for path in ("studies/demo.toml",):
         cfg = load_config(path)
         assert cfg.space.searched
+
+
+def test_storage_passwords_are_refused():
+    from tuner.storage import storage_for_url
+
+    with pytest.raises(ConfigError, match="holds a password; keep it out of configs"):
+        storage_for_url("postgresql://tuner:hunter2@db.example/optuna")
+
+
+def test_an_unresolvable_url_host_is_a_config_error():
+    assert "cannot resolve host 'no-such-host.invalid'" in _err('[target]\nurl = "http://no-such-host.invalid:30000"')

@@ -1,0 +1,728 @@
+"""Which Optuna sampler finds the Pareto front of SGLang's speculative flags in 20 trials?
+
+    python benchmarks/sampler_benchmark.py                 # 20 seeds, every candidate (~5 min on 2 cores)
+    python benchmarks/sampler_benchmark.py --seeds 10
+    python benchmarks/sampler_benchmark.py --quick         # 3 seeds, a smoke run
+    python benchmarks/sampler_benchmark.py --samplers random,tpe-mv-s6 --landscapes qwen-demo
+
+Offline, on the emulator's performance model (`tuner/emulator/landscape.py::expect`): no server
+is started.  One run is one tuner study, replayed with `study.ask()` / `study.tell()` exactly as
+`tuner/study.py::_TrialRunner` records trials:
+
+    suggest(trial, space, base)  ->  trial.user_attrs["flags"] = params.as_dict()
+    history.check(params, finished trials):
+        duplicate  -> tell the earlier trial's values, user_attrs["duplicate_of"]
+        ruled out  -> tell PRUNED, user_attrs["ruled_out_by"], ["failure_kind"]
+    expect(...) infeasible -> user_attrs["failure_kind"] ("memory_kv" / "memory_graph" /
+                              "invalid"), tell PRUNED
+    expect(...) feasible   -> tell (single_tps, concurrent_tps, capacity), the two throughputs
+                              with multiplicative N(1, 1.5%) measurement noise (seeded by the
+                              run's seed and the config, so every sampler sees the same
+                              measurement of the same config); capacity is exact, as the tuner
+                              computes it from the server's own figures
+
+Score: the hypervolume (HV) of the *true* (noise-free) values of the configs a run's COMPLETE
+trials measured, after 10, 20 and 40 trials (the budget counts every Optuna trial, settled ones
+included, as `--trials N` does), as a fraction of the HV of the exhaustive front: every point of
+`space.grid(...)` evaluated noise-free.  Objectives are normalised by their maximum over the grid
+and the reference point is the origin (all objectives are maximised), so the fraction does not
+depend on units.  The 3-D HV is exact (`hv3`, checked against optuna._hypervolume at start-up).
+
+Landscapes: the two emulator profiles as the tuner would search them, plus perturbed profiles
+(`profile_from_dict`) nobody tuned the candidates on; see LANDSCAPES.
+
+Writes benchmarks/results/sampler_benchmark.md and .json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import platform
+import sys
+import time
+import warnings
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import optuna  # noqa: E402
+from optuna.trial import TrialState  # noqa: E402
+
+from tuner import history  # noqa: E402
+from tuner.config import SpaceConfig, load_config  # noqa: E402
+from tuner.emulator import landscape as L  # noqa: E402
+from tuner.emulator import model as M  # noqa: E402
+from tuner.emulator.profiles import PROFILES, profile_from_dict  # noqa: E402
+from tuner.space import Params, grid, params_from_argv, suggest  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+BUDGETS = (10, 20, 40)
+NOISE = 0.015  # relative std of a throughput measurement
+TARGET = 0.95  # the acceptance bar: >= 95% of the exhaustive HV at 20 trials
+OBJECTIVES = ("single_tps", "concurrent_tps", "capacity")
+
+
+# --- Hypervolume ------------------------------------------------------------------------------
+
+
+def _hv2(points: list[tuple[float, float]]) -> float:
+    """Area dominated by 2-D points (maximised) above the origin."""
+    area, top = 0.0, 0.0
+    for x, y in sorted(points, reverse=True):  # x descending
+        if y > top:
+            area += x * (y - top)
+            top = y
+    return area
+
+
+def hv3(points: np.ndarray) -> float:
+    """Exact hypervolume of 3-D points (all maximised, all >= 0) w.r.t. the origin.
+
+    Slices along the third objective: between two consecutive distinct z levels the dominated
+    region's cross-section is the 2-D staircase of the points at or above the upper level.
+    """
+    if len(points) == 0:
+        return 0.0
+    pts = sorted((tuple(map(float, p)) for p in points), key=lambda p: -p[2])
+    total, active = 0.0, []
+    for i, (x, y, z) in enumerate(pts):
+        active.append((x, y))
+        z_next = pts[i + 1][2] if i + 1 < len(pts) else 0.0
+        if z > z_next:
+            total += (z - z_next) * _hv2(active)
+    return total
+
+
+def _check_hv3() -> None:
+    """hv3 against Optuna's WFG implementation (which minimises) on random point sets."""
+    from optuna._hypervolume import compute_hypervolume
+
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 5, 20, 60):
+        for _ in range(20):
+            pts = rng.random((n, 3))
+            if rng.random() < 0.5:  # ties, as integer capacities make
+                pts[:, 2] = np.round(pts[:, 2] * 4) / 4
+            ours = hv3(pts)
+            ref = compute_hypervolume(-pts, np.zeros(3))
+            assert math.isclose(ours, ref, rel_tol=1e-9, abs_tol=1e-12), (n, ours, ref)
+
+
+# --- Landscapes -------------------------------------------------------------------------------
+
+# An H200 operator's space for an 8B with an EAGLE3 head (one GPU): deeper chains and wider
+# trees than the demo's, the whole useful mem_fraction_static range.
+H200_SPACE = {
+    "speculative_num_steps": {"low": 1, "high": 8},
+    "speculative_eagle_topk": {"choices": [1, 2, 4, 8]},
+    "speculative_num_draft_tokens": {"low": 2, "high": 32},
+    "mem_fraction_static": {"low": 0.70, "high": 0.95, "step": 0.01},
+}
+
+# Perturbed profiles (overrides of a base profile, as $SGLANG_EMULATOR_PROFILE would load them).
+DENSE_70B_TP4 = {
+    # Llama-3.1-70B-shaped dense model with an EAGLE3 head, tp 4 on H100 80 GB (NVLink).
+    "base": "llama-3.1-8b-instruct",
+    "key": "dense-70b-tp4-h100",
+    "reference_tp": 4,
+    "gpu": {"name": "NVIDIA H100 80GB HBM3", "total_mib": 81_559, "context_mib": 600, "compute_capability": "9.0"},
+    "memory": {
+        "weights_gib": 32.9,  # 141 GB of bf16 weights / 4
+        "draft_weights_gib": 0.65,
+        "kv_cell_bytes": 80 * 8 * 128 * 2 * 2,  # 80 layers x 8 KV heads x 128, K and V, bf16
+        "kv_heads": 8,
+        "draft_kv_fraction": 1 / 80,
+        "non_torch_gib": 1.5,
+        "activation_mib_per_token": 0.35,
+        "graph_fixed_gib": 0.4,
+        "graph_mib_per_token": 0.6,
+        "draft_graph_mib_per_token": 0.2,
+    },
+    "timing": {
+        "fixed_ms": 1.2,  # 160 all-reduces over NVLink
+        "stream_ms": 10.5,  # 35 GB per GPU at 3.35 TB/s
+        "knee_tokens": 300.0,
+        "attn_fixed_ms": 0.4,
+        "attn_ms_per_ktoken": 0.021,
+        "prefill_fixed_ms": 8.0,
+        "prefill_ms_per_token": 0.06,
+    },
+    "draft_timing": {"fixed_ms": 0.05, "stream_ms": 0.5},
+    "acceptance": {"first": 0.78, "depth_decay": 0.93},
+}
+QWEN_MTP_STRONG = {
+    # The seed's model with a much better MTP head (and a slower one).
+    "base": "qwen3.5-122b-a10b",
+    "key": "qwen-mtp-strong",
+    "acceptance": {"first": 0.95, "depth_decay": 0.95, "second_share": 0.35},
+    "draft_timing": {"fixed_ms": 0.1, "stream_ms": 0.35},
+}
+LLAMA_L40S = {
+    # The 8B on a 48 GB L40S: a quarter of the bandwidth and a third of the memory of an H200;
+    # capacity needs mem_fraction_static at the graph-memory edge.
+    "base": "llama-3.1-8b-instruct",
+    "key": "llama-8b-l40s",
+    "gpu": {"name": "NVIDIA L40S", "total_mib": 46_068, "context_mib": 500, "compute_capability": "8.9"},
+    "timing": {
+        "stream_ms": 18.6,  # 16 GB at 864 GB/s
+        "knee_tokens": 210.0,
+        "attn_ms_per_ktoken": 0.13,
+        "flashinfer_penalty": 1.0,
+        "prefill_ms_per_token": 0.09,
+    },
+    "draft_timing": {"stream_ms": 0.87},
+}
+LLAMA_WEAK_DRAFT = {
+    # A poorly matched draft head: low top-1 acceptance but a useful second choice (trees pay).
+    "base": "llama-3.1-8b-instruct",
+    "key": "llama-8b-weak-draft",
+    "acceptance": {"first": 0.62, "depth_decay": 0.90, "second_share": 0.65},
+}
+
+
+@dataclass(frozen=True)
+class LandscapeSpec:
+    name: str
+    profile: str | dict  # a PROFILES key or profile_from_dict overrides
+    space: str | dict  # "demo" (studies/demo.toml's [space]) or a [space] table
+    algorithm: str
+    concurrency: int
+    request_tokens: int = 8192
+    perturbed: bool = False
+    note: str = ""
+
+
+LANDSCAPES = [
+    LandscapeSpec("qwen-demo", "qwen3.5-122b-a10b", "demo", "NEXTN", 16,
+                  note="the demo: Qwen3.5-122B-A10B MTP, tp 4 on RTX PRO 6000, studies/demo.toml's space"),
+    LandscapeSpec("llama8b-h200", "llama-3.1-8b-instruct", H200_SPACE, "EAGLE3", 32,
+                  note="Llama-3.1-8B EAGLE3 on one H200, H200_SPACE, concurrency 32"),
+    LandscapeSpec("p:dense70b-tp4", DENSE_70B_TP4, H200_SPACE, "EAGLE3", 32, perturbed=True,
+                  note="dense 70B, tp 4 on H100 80 GB: other timing, memory and acceptance"),
+    LandscapeSpec("p:qwen-mtp-strong", QWEN_MTP_STRONG, "demo", "NEXTN", 16, perturbed=True,
+                  note="the demo with a strong MTP head (q1 0.95, decay 0.95) and slower drafts"),
+    LandscapeSpec("p:llama8b-l40s", LLAMA_L40S, H200_SPACE, "EAGLE3", 32, perturbed=True,
+                  note="the 8B on a 48 GB L40S: tight memory, front only at the mem-fraction edge"),
+    LandscapeSpec("p:llama8b-weak-32k", LLAMA_WEAK_DRAFT, H200_SPACE, "EAGLE3", 32, 32768, perturbed=True,
+                  note="weak draft head (q1 0.62, trees pay) and 32k-token requests: capacity bites"),
+]
+
+
+def _key(p: Params) -> tuple:
+    mfs = None if p.mem_fraction_static is None else round(p.mem_fraction_static, 4)
+    return (p.speculative_num_steps, p.speculative_eagle_topk, p.speculative_num_draft_tokens, mfs)
+
+
+@dataclass
+class Landscape:
+    spec: LandscapeSpec
+    profile: M.Profile
+    space: SpaceConfig
+    base: Params
+    workload: L.Workload
+    table: dict[tuple, L.Expectation]
+    scale: np.ndarray  # per-objective maximum over the grid
+    front_hv: float
+    front_size: int
+    failures: dict[str, int]
+    warm_start: dict[str, Any]  # SGLang's own choice: auto (steps, topk, draft) at the default mfs
+
+    def expect(self, p: Params) -> L.Expectation:
+        k = _key(p)
+        e = self.table.get(k)
+        if e is None:  # off the grid (an enqueued value, say): ask the model
+            e = L.expect(self.profile, steps=p.speculative_num_steps, topk=p.speculative_eagle_topk,
+                         draft_tokens=p.speculative_num_draft_tokens, mem_fraction_static=p.mem_fraction_static,
+                         workload=self.workload, algorithm=self.spec.algorithm)
+            self.table[k] = e
+        return e
+
+
+def _space(spec: LandscapeSpec) -> tuple[SpaceConfig, Params]:
+    if spec.space == "demo":
+        cfg = load_config(ROOT / "studies" / "demo.toml")
+        return cfg.space, params_from_argv(cfg.server.argv)
+    return SpaceConfig.model_validate(spec.space), Params()
+
+
+def _in_space(space: SpaceConfig, name: str, value: Any) -> bool:
+    s = getattr(space, name)
+    if s is None:
+        return False
+    if hasattr(s, "choices"):
+        return value in s.choices
+    return s.low <= value <= s.high
+
+
+def _warm_start(profile: M.Profile, space: SpaceConfig) -> dict[str, Any]:
+    """SGLang's own configuration: the architecture's auto (steps, topk, draft) at the default
+    mem_fraction_static, snapped to the space's grid; keys outside the space are left out."""
+    steps, topk, draft = profile.auto_spec
+    chunk, max_bs = M.default_graph_settings(profile.gpu.total_mib, profile.reference_tp)
+    mfs = M.default_mem_fraction_static(gpu_mib=profile.gpu.total_mib, tp=profile.reference_tp,
+                                        chunked_prefill_size=chunk, decode_max_bs=max_bs)
+    m = space.mem_fraction_static
+    if m is not None and not hasattr(m, "choices") and m.step:
+        mfs = round(m.low + round((mfs - m.low) / m.step) * m.step, 6)
+    out: dict[str, Any] = {}
+    for name, value in (("speculative_num_steps", steps), ("speculative_eagle_topk", topk),
+                        ("mem_fraction_static", mfs)):
+        if _in_space(space, name, value):
+            out[name] = value
+    if topk > 1 and out.get("speculative_eagle_topk") == topk:
+        out["speculative_num_draft_tokens"] = draft
+    return out
+
+
+_CACHE: dict[str, Landscape] = {}
+
+
+def landscape(name: str) -> Landscape:
+    if name in _CACHE:
+        return _CACHE[name]
+    spec = next(s for s in LANDSCAPES if s.name == name)
+    profile = PROFILES[spec.profile] if isinstance(spec.profile, str) else profile_from_dict(spec.profile)
+    space, base = _space(spec)
+    workload = L.Workload(max_tokens=128, concurrency=spec.concurrency, request_tokens=spec.request_tokens,
+                          temperature=0.0)
+    table: dict[tuple, L.Expectation] = {}
+    failures: dict[str, int] = {}
+    for p in grid(space, base):
+        e = L.expect(profile, steps=p.speculative_num_steps, topk=p.speculative_eagle_topk,
+                     draft_tokens=p.speculative_num_draft_tokens, mem_fraction_static=p.mem_fraction_static,
+                     workload=workload, algorithm=spec.algorithm)
+        table[_key(p)] = e
+        failures[e.failure or "ok"] = failures.get(e.failure or "ok", 0) + 1
+    values = np.array([e.values() for e in table.values() if e.feasible])
+    scale = values.max(axis=0)
+    norm = values / scale
+    dominated = np.zeros(len(norm), dtype=bool)
+    for i, v in enumerate(norm):
+        dominated[i] = bool(np.any(np.all(norm >= v, axis=1) & np.any(norm > v, axis=1)))
+    front = np.unique(norm[~dominated], axis=0)
+    lands = Landscape(spec, profile, space, base, workload, table, scale, hv3(front), len(front), failures,
+                      _warm_start(profile, space))
+    _CACHE[name] = lands
+    return lands
+
+
+# --- Candidates -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str
+    make: Callable[[int], optuna.samplers.BaseSampler]
+    warm_start: str | None = None  # enqueue SGLang's own config as trial 0: "full", or "shape" (no mfs)
+    requires: str | None = None  # a module the sampler needs
+    code: str = ""  # the constructor, for the report
+
+    def available(self) -> bool:
+        return self.requires is None or importlib.util.find_spec(self.requires) is not None
+
+
+class QMCThenTPE(optuna.samplers.BaseSampler):
+    """A scrambled Sobol start (better spread than random for the first n trials), then TPE."""
+
+    def __init__(self, seed: int, n_qmc: int, tpe: optuna.samplers.TPESampler):
+        self._qmc = optuna.samplers.QMCSampler(qmc_type="sobol", scramble=True, seed=seed,
+                                               independent_sampler=optuna.samplers.RandomSampler(seed=seed),
+                                               warn_independent_sampling=False)
+        self._tpe = tpe
+        self._n = n_qmc
+
+    def _pick(self, study: optuna.Study) -> optuna.samplers.BaseSampler:
+        done = len(study._get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED), use_cache=True))
+        return self._qmc if done < self._n else self._tpe
+
+    def infer_relative_search_space(self, study, trial):
+        return self._pick(study).infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study, trial, search_space):
+        return self._pick(study).sample_relative(study, trial, search_space)
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+        return self._pick(study).sample_independent(study, trial, param_name, param_distribution)
+
+    def before_trial(self, study, trial):
+        self._pick(study).before_trial(study, trial)
+
+    def after_trial(self, study, trial, state, values):
+        self._qmc.after_trial(study, trial, state, values)
+        self._tpe.after_trial(study, trial, state, values)
+
+
+class MemoryEdgeSampler(optuna.samplers.BaseSampler):
+    """A sampler for the speculative flags that puts mem_fraction_static at the memory edge.
+
+    mem_fraction_static only trades the KV pool (capacity; and throughput once the pool limits
+    the batch) against the slack CUDA graphs and activations need: no objective of the tuner
+    improves with a smaller static pool, so the front lies at the highest fraction that still
+    starts.  Sampling it wastes most trials on dominated configs; this wrapper lets `base`
+    sample the rest and picks the highest value of the space's grid not known to fail:
+    below every CUDA-graph OOM (`failure_kind == "memory_graph"`) of a shape with no more
+    steps and no wider topk than this trial's (it needs at least as much graph memory), and
+    no higher than any other graph OOM (a smaller shape may still fit at that value).  The
+    first trial probes the top of the range; each OOM lowers the edge for its shape and every
+    larger one, the way tuner/history.py rules them out.  `margin_other` = 1 also keeps
+    smaller shapes one step below another shape's OOM (fewer failed launches, a little less
+    capacity).
+    """
+
+    _MFS = "mem_fraction_static"
+
+    def __init__(self, base: optuna.samplers.BaseSampler, margin_other: int = 0):
+        self._base = base
+        self._margin_other = margin_other
+
+    def infer_relative_search_space(self, study, trial):
+        space = self._base.infer_relative_search_space(study, trial)
+        space.pop(self._MFS, None)
+        return space
+
+    def sample_relative(self, study, trial, search_space):
+        return self._base.sample_relative(study, trial, search_space)
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+        if param_name != self._MFS:
+            return self._base.sample_independent(study, trial, param_name, param_distribution)
+        return self._edge(study, trial, param_distribution)
+
+    def before_trial(self, study, trial):
+        self._base.before_trial(study, trial)
+
+    def after_trial(self, study, trial, state, values):
+        self._base.after_trial(study, trial, state, values)
+
+    def _edge(self, study, trial, dist) -> float:
+        if isinstance(dist, optuna.distributions.CategoricalDistribution):
+            grid_values = sorted(float(v) for v in dist.choices)
+        elif dist.step:
+            count = int(round((dist.high - dist.low) / dist.step)) + 1
+            grid_values = [dist.low + i * dist.step for i in range(count)]
+        else:  # continuous: probe in 1% steps
+            count = int(math.floor((dist.high - dist.low) / 0.01)) + 1
+            grid_values = [dist.high - i * 0.01 for i in range(count)][::-1]
+        steps = trial.params.get("speculative_num_steps")
+        topk = trial.params.get("speculative_eagle_topk")
+        top = len(grid_values) - 1
+        for f in study._get_trials(deepcopy=False, states=(TrialState.PRUNED,), use_cache=False):
+            m = f.params.get(self._MFS)
+            if f.user_attrs.get("failure_kind") != "memory_graph" or m is None:
+                continue
+            at = max(i for i, v in enumerate(grid_values) if v <= m + 1e-9) if m >= grid_values[0] - 1e-9 else -1
+            smaller = all(
+                mine is None or theirs is None or theirs <= mine
+                for mine, theirs in ((steps, f.params.get("speculative_num_steps")),
+                                     (topk, f.params.get("speculative_eagle_topk")))
+            )
+            top = min(top, at - 1 if smaller else at - self._margin_other)
+        value = grid_values[max(top, 0)]
+        if isinstance(dist, optuna.distributions.CategoricalDistribution):
+            return next(c for c in dist.choices if abs(float(c) - value) < 1e-9)
+        return value
+
+
+def _tpe(**kw: Any) -> Callable[[int], optuna.samplers.TPESampler]:
+    return lambda seed: optuna.samplers.TPESampler(seed=seed, **kw)
+
+
+CANDIDATES = [
+    Candidate("random", lambda s: optuna.samplers.RandomSampler(seed=s), code="RandomSampler(seed=seed)"),
+    Candidate("tpe-mv-s6 (tuner now)", _tpe(multivariate=True, n_startup_trials=6, constant_liar=True),
+              code="TPESampler(seed=seed, multivariate=True, n_startup_trials=6, constant_liar=True)"),
+    Candidate("tpe-mv-s6 no-liar", _tpe(multivariate=True, n_startup_trials=6, constant_liar=False),
+              code="TPESampler(seed=seed, multivariate=True, n_startup_trials=6, constant_liar=False)"),
+    Candidate("tpe-indep-s10 (optuna default)", _tpe(n_startup_trials=10),
+              code="TPESampler(seed=seed)  # multivariate off for multi-objective, 10 startup"),
+    Candidate("tpe-indep-s5", _tpe(multivariate=False, n_startup_trials=5),
+              code="TPESampler(seed=seed, multivariate=False, n_startup_trials=5)"),
+    Candidate("tpe-mv-s5", _tpe(multivariate=True, n_startup_trials=5),
+              code="TPESampler(seed=seed, multivariate=True, n_startup_trials=5)"),
+    Candidate("tpe-mv-s10", _tpe(multivariate=True, n_startup_trials=10),
+              code="TPESampler(seed=seed, multivariate=True, n_startup_trials=10)"),
+    Candidate("tpe-mv-group-s6", _tpe(multivariate=True, group=True, n_startup_trials=6),
+              code="TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=6)"),
+    Candidate("tpe-mv-group-s10", _tpe(multivariate=True, group=True, n_startup_trials=10),
+              code="TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=10)"),
+    Candidate("tpe-mv-group-s6 +warm", _tpe(multivariate=True, group=True, n_startup_trials=6), warm_start="full",
+              code="TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=6) + enqueue SGLang's default"),
+    Candidate("tpe-mv-s6 +warm", _tpe(multivariate=True, n_startup_trials=6), warm_start="full",
+              code="TPESampler(seed=seed, multivariate=True, n_startup_trials=6) + enqueue SGLang's default"),
+    Candidate("sobol8 -> tpe-mv-group", lambda s: QMCThenTPE(s, 8, optuna.samplers.TPESampler(
+        seed=s, multivariate=True, group=True, n_startup_trials=8)),
+              code="QMCSampler(sobol, scrambled) for 8 trials, then TPESampler(multivariate=True, group=True)"),
+    Candidate("edge(random)", lambda s: MemoryEdgeSampler(optuna.samplers.RandomSampler(seed=s)),
+              code="MemoryEdgeSampler(RandomSampler(seed=seed))"),
+    Candidate("edge(tpe-mv-s6)", lambda s: MemoryEdgeSampler(optuna.samplers.TPESampler(
+        seed=s, multivariate=True, n_startup_trials=6)),
+              code="MemoryEdgeSampler(TPESampler(seed=seed, multivariate=True, n_startup_trials=6))"),
+    Candidate("edge(tpe-mv-s6) m1", lambda s: MemoryEdgeSampler(optuna.samplers.TPESampler(
+        seed=s, multivariate=True, n_startup_trials=6), margin_other=1),
+              code="MemoryEdgeSampler(TPESampler(seed=seed, multivariate=True, n_startup_trials=6), margin_other=1)"),
+    Candidate("edge(tpe-mv-group-s6)", lambda s: MemoryEdgeSampler(optuna.samplers.TPESampler(
+        seed=s, multivariate=True, group=True, n_startup_trials=6)),
+              code="MemoryEdgeSampler(TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=6))"),
+    Candidate("edge(tpe-indep-s6)", lambda s: MemoryEdgeSampler(optuna.samplers.TPESampler(
+        seed=s, multivariate=False, n_startup_trials=6)),
+              code="MemoryEdgeSampler(TPESampler(seed=seed, multivariate=False, n_startup_trials=6))"),
+    Candidate("edge(tpe-mv-s6) +warm", lambda s: MemoryEdgeSampler(optuna.samplers.TPESampler(
+        seed=s, multivariate=True, n_startup_trials=6)), warm_start="shape",
+              code="MemoryEdgeSampler(TPESampler(seed=seed, multivariate=True, n_startup_trials=6)) + enqueue SGLang's default shape"),
+    Candidate("nsga2-p8", lambda s: optuna.samplers.NSGAIISampler(seed=s, population_size=8),
+              code="NSGAIISampler(seed=seed, population_size=8)"),
+    Candidate("nsga2-p6", lambda s: optuna.samplers.NSGAIISampler(seed=s, population_size=6),
+              code="NSGAIISampler(seed=seed, population_size=6)"),
+    Candidate("gp-s6", lambda s: optuna.samplers.GPSampler(seed=s, n_startup_trials=6), requires="torch",
+              code="GPSampler(seed=seed, n_startup_trials=6)"),
+]
+
+
+# --- One simulated study ----------------------------------------------------------------------
+
+
+def _measure(e: L.Expectation, p: Params, seed: int) -> list[float]:
+    """What the tuner would record: noisy throughputs (common random numbers across samplers)."""
+    k = _key(p)
+    rng = np.random.default_rng([seed, 7919, k[0] or 0, k[1] or 0, k[2] or 0, int(round((k[3] or 0) * 1e4))])
+    z = rng.normal(0.0, NOISE, size=2)
+    single, concurrent, capacity = e.values()
+    return [single * (1 + z[0]), concurrent * (1 + z[1]), capacity]
+
+
+def simulate(landscape_name: str, candidate_name: str, seed: int, n_trials: int = max(BUDGETS)) -> dict[str, Any]:
+    warnings.filterwarnings("ignore")
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    lands = landscape(landscape_name)
+    cand = next(c for c in CANDIDATES if c.name == candidate_name)
+    t0 = time.perf_counter()
+    study = optuna.create_study(directions=["maximize"] * 3, sampler=cand.make(seed))
+    if cand.warm_start:
+        warm = dict(lands.warm_start)
+        if cand.warm_start == "shape":
+            warm.pop("mem_fraction_static", None)
+        if warm:
+            study.enqueue_trial(warm)
+    true_points: list[np.ndarray] = []
+    counts = {"launches": 0, "duplicate": 0, "ruled_out": 0, "memory_kv": 0, "memory_graph": 0, "invalid": 0}
+    at: dict[int, dict[str, float]] = {}
+    for number in range(n_trials):
+        trial = study.ask()
+        params = suggest(trial, lands.space, lands.base)
+        trial.set_user_attr("flags", params.as_dict())
+        verdict = history.check(params, history.finished(study))
+        if verdict is not None and verdict.kind == "duplicate":
+            trial.set_user_attr("duplicate_of", verdict.trial.number)
+            study.tell(trial, list(verdict.trial.values))
+            counts["duplicate"] += 1
+        elif verdict is not None:
+            trial.set_user_attr("ruled_out_by", verdict.trial.number)
+            trial.set_user_attr("failure_kind", verdict.trial.user_attrs.get("failure_kind"))
+            study.tell(trial, state=TrialState.PRUNED)
+            counts["ruled_out"] += 1
+        else:
+            counts["launches"] += 1
+            e = lands.expect(params)
+            if not e.feasible:
+                kind = e.failure if e.failure in ("memory_kv", "memory_graph") else "invalid"
+                trial.set_user_attr("failure_kind", kind)
+                study.tell(trial, state=TrialState.PRUNED)
+                counts[kind] += 1
+            else:
+                study.tell(trial, _measure(e, params, seed))
+                true_points.append(np.asarray(e.values()) / lands.scale)
+        if number + 1 in BUDGETS:
+            hv = hv3(np.array(true_points)) / lands.front_hv if true_points else 0.0
+            at[number + 1] = {"hv": hv, **counts}
+    return {"landscape": landscape_name, "sampler": candidate_name, "seed": seed, "at": at,
+            "seconds": time.perf_counter() - t0}
+
+
+# --- Report -----------------------------------------------------------------------------------
+
+
+def _stats(xs: list[float]) -> tuple[float, float]:
+    a = np.asarray(xs, dtype=float)
+    return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
+
+
+def summarise(runs: list[dict[str, Any]], lands_names: list[str], cand_names: list[str]) -> dict[str, Any]:
+    by: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in runs:
+        by.setdefault((r["sampler"], r["landscape"]), []).append(r)
+    cells: dict[str, dict[str, dict[str, Any]]] = {}
+    for c in cand_names:
+        cells[c] = {}
+        for l in lands_names:
+            rs = by.get((c, l), [])
+            if not rs:
+                continue
+            cell: dict[str, Any] = {"seeds": len(rs), "seconds_per_run": _stats([r["seconds"] for r in rs])[0]}
+            for b in BUDGETS:
+                mean, std = _stats([r["at"][b]["hv"] for r in rs])
+                cell[str(b)] = {
+                    "mean": mean, "std": std, "min": float(min(r["at"][b]["hv"] for r in rs)),
+                    **{k: float(np.mean([r["at"][b][k] for r in rs]))
+                       for k in ("launches", "duplicate", "ruled_out", "memory_kv", "memory_graph", "invalid")},
+                }
+            cells[c][l] = cell
+    return cells
+
+
+def _fmt(cell: dict[str, Any] | None, b: int) -> str:
+    if not cell:
+        return "-"
+    return f"{cell[str(b)]['mean'] * 100:.1f} ± {cell[str(b)]['std'] * 100:.1f}"
+
+
+def render(cells: dict[str, Any], meta: dict[str, Any], lands_info: dict[str, Any], unavailable: dict[str, str]) -> str:
+    lands_names = list(lands_info)
+    main = [l for l in lands_names if not lands_info[l]["perturbed"]]
+    pert = [l for l in lands_names if lands_info[l]["perturbed"]]
+    out = ["# Sampler benchmark: share of the exhaustive Pareto front's hypervolume", ""]
+    out.append(f"{meta['seeds']} seeds per cell; budgets {', '.join(map(str, BUDGETS))} Optuna trials "
+               f"(settled duplicates / ruled-out trials count, as with `--trials N`); throughput noise "
+               f"{NOISE:.1%} relative; cells are mean ± std (over seeds) of HV(run) / HV(exhaustive front), in %. "
+               f"Generated by `benchmarks/sampler_benchmark.py` in {meta['wall_s']:.0f} s "
+               f"({meta['jobs']} processes, optuna {meta['optuna']}, {meta['machine']}).")
+    out.append("")
+    out.append("## Landscapes")
+    out.append("")
+    out.append("| landscape | grid | feasible | memory_kv | memory_graph | front points | warm start (SGLang's default) | what |")
+    out.append("|---|---|---|---|---|---|---|---|")
+    for l, info in lands_info.items():
+        f = info["failures"]
+        ws = ", ".join(f"{k.replace('speculative_', '')}={v}" for k, v in info["warm_start"].items())
+        out.append(f"| {l} | {info['grid']} | {f.get('ok', 0)} | {f.get('memory_kv', 0)} | {f.get('memory_graph', 0)} "
+                   f"| {info['front_size']} | {ws} | {info['note']} |")
+    out.append("")
+    for b in BUDGETS:
+        out.append(f"## HV fraction after {b} trials (%)")
+        out.append("")
+        head = ["sampler"] + lands_names + ["mean (2 profiles)", "worst (2 profiles)", "mean (perturbed)", "worst (all)"]
+        out.append("| " + " | ".join(head) + " |")
+        out.append("|" + "---|" * len(head))
+        for c, row in cells.items():
+            means_main = [row[l][str(b)]["mean"] for l in main if l in row]
+            means_pert = [row[l][str(b)]["mean"] for l in pert if l in row]
+            means_all = means_main + means_pert
+            mark = lambda l: " ✓" if b == 20 and l in row and row[l]["20"]["mean"] >= TARGET else ""  # noqa: E731
+            line = [c] + [_fmt(row.get(l), b) + mark(l) for l in lands_names]
+            line += [f"{np.mean(means_main) * 100:.1f}" if means_main else "-",
+                     f"{min(means_main) * 100:.1f}" if means_main else "-",
+                     f"{np.mean(means_pert) * 100:.1f}" if means_pert else "-",
+                     f"{min(means_all) * 100:.1f}" if means_all else "-"]
+            out.append("| " + " | ".join(line) + " |")
+        out.append("")
+        if b == 20:
+            out.append(f"✓: mean >= {TARGET:.0%} (the acceptance bar at 20 trials).")
+            out.append("")
+    out.append("## Where the 20 trials went (mean per run: launches, of which memory failures; settled without a launch)")
+    out.append("")
+    head = ["sampler"] + lands_names
+    out.append("| " + " | ".join(head) + " |")
+    out.append("|" + "---|" * len(head))
+    for c, row in cells.items():
+        line = [c]
+        for l in lands_names:
+            if l not in row:
+                line.append("-")
+                continue
+            s = row[l]["20"]
+            fails = s["memory_kv"] + s["memory_graph"] + s["invalid"]
+            line.append(f"{s['launches']:.1f} ({fails:.1f} oom); dup {s['duplicate']:.1f}, ruled out {s['ruled_out']:.1f}")
+        out.append("| " + " | ".join(line) + " |")
+    out.append("")
+    out.append("## Sampler overhead (mean seconds of ask/tell + simulation per 40-trial run)")
+    out.append("")
+    out.append("| sampler | s / run | constructor |")
+    out.append("|---|---|---|")
+    cand_code = {c.name: c.code for c in CANDIDATES}
+    for c, row in cells.items():
+        secs = np.mean([cell["seconds_per_run"] for cell in row.values()]) if row else float("nan")
+        out.append(f"| {c} | {secs:.2f} | `{cand_code.get(c, '')}` |")
+    for c, why in unavailable.items():
+        out.append(f"| {c} | not run | {why} |")
+    out.append("")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=20, help="seeds per (sampler, landscape); default 20")
+    ap.add_argument("--quick", action="store_true", help="3 seeds: a smoke run")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--samplers", help="comma-separated candidate names (default: all)")
+    ap.add_argument("--landscapes", help="comma-separated landscape names (default: all)")
+    ap.add_argument("--out", default=str(RESULTS / "sampler_benchmark"), help="output path without extension")
+    args = ap.parse_args(argv)
+    seeds = 3 if args.quick else args.seeds
+
+    _check_hv3()
+    cands = [c for c in CANDIDATES if not args.samplers or c.name in args.samplers.split(",")]
+    unavailable = {c.name: f"needs `{c.requires}`, which is not installed" for c in cands if not c.available()}
+    cands = [c for c in cands if c.available()]
+    lands = [s for s in LANDSCAPES if not args.landscapes or s.name in args.landscapes.split(",")]
+    if not cands or not lands:
+        ap.error("no sampler or landscape selected")
+    for name, why in unavailable.items():
+        print(f"skipping {name}: {why}")
+
+    t0 = time.perf_counter()
+    lands_info = {}
+    for s in lands:
+        ls = landscape(s.name)
+        lands_info[s.name] = {"perturbed": s.perturbed, "note": s.note, "grid": len(ls.table), "failures": ls.failures,
+                              "front_size": ls.front_size, "front_hv": ls.front_hv, "scale": ls.scale.tolist(),
+                              "warm_start": ls.warm_start, "concurrency": s.concurrency,
+                              "request_tokens": s.request_tokens, "space": ls.space.model_dump(exclude_none=True),
+                              "profile": s.profile}
+        print(f"landscape {s.name}: {len(ls.table)} configs, {ls.failures.get('ok', 0)} feasible, "
+              f"front {ls.front_size} points, max {np.round(ls.scale, 1).tolist()}  [{time.perf_counter() - t0:.1f}s]")
+
+    tasks = [(s.name, c.name, seed) for s in lands for c in cands for seed in range(seeds)]
+    runs: list[dict[str, Any]] = []
+    remaining = {(s.name, c.name): seeds for s in lands for c in cands}
+    print(f"{len(tasks)} runs of {max(BUDGETS)} trials on {args.jobs} processes")
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        futures = [pool.submit(simulate, *t) for t in tasks]
+        for fut in as_completed(futures):
+            r = fut.result()
+            runs.append(r)
+            key = (r["landscape"], r["sampler"])
+            remaining[key] -= 1
+            if remaining[key] == 0:
+                hv20 = [x["at"][20]["hv"] for x in runs if (x["landscape"], x["sampler"]) == key]
+                print(f"  {key[0]:<22} {key[1]:<32} HV@20 {np.mean(hv20) * 100:5.1f}% ± {np.std(hv20, ddof=1) * 100 if len(hv20) > 1 else 0:4.1f}"
+                      f"   [{time.perf_counter() - t0:.0f}s]", flush=True)
+    wall = time.perf_counter() - t0
+
+    cells = summarise(runs, [s.name for s in lands], [c.name for c in cands])
+    meta = {"seeds": seeds, "budgets": list(BUDGETS), "noise": NOISE, "wall_s": wall, "jobs": args.jobs,
+            "optuna": optuna.__version__, "numpy": np.__version__, "python": platform.python_version(),
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores"}
+    text = render(cells, meta, lands_info, unavailable)
+    print()
+    print(text)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".md").write_text(text + "\n", encoding="utf-8")
+    payload = {"meta": meta, "landscapes": lands_info, "candidates": {c.name: c.code for c in cands},
+               "unavailable": unavailable, "cells": cells,
+               "runs": sorted(runs, key=lambda r: (r["landscape"], r["sampler"], r["seed"]))}
+    out.with_suffix(".json").write_text(json.dumps(payload, indent=1, default=str) + "\n", encoding="utf-8")
+    print(f"wrote {out.with_suffix('.md')} and {out.with_suffix('.json')} ({wall:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

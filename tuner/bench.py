@@ -1,0 +1,140 @@
+"""`python -m tuner.bench --config PATH [--flags "..."]`: measure one server, no study.
+
+Without --flags the server that answers at `[target] url` is measured as it runs now; with
+--flags the configured command is launched with those flags (replacing the same flags in it),
+through the same control, readiness and benchmark code a trial uses, and the target is
+restored afterwards.  Prints every figure with its spread, and warnings that name a fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import sys
+import time
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from .client import ServerClient
+from .config import DEFAULT_CONFIG, load_config
+from .control import control_for
+from .errors import ConfigError, LaunchError, TunerError
+from .host import connect
+from .launch import launch_spec
+from .measure import Measurement, measure
+from .readiness import wait_ready
+from .report import fmt
+from .score import load_objectives, score
+from .space import Params
+from .workload import load_workload
+
+__all__ = ["main", "measurement_table", "warnings_for"]
+
+
+def measurement_table(m: Measurement, objectives) -> Table:
+    table = Table(title="Measurement", title_justify="left")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    table.add_column("spread / detail")
+    lo, hi = m.single_ci95
+    table.add_row("single_tps", f"{m.single_tps:.1f} tok/s", f"95% CI {lo:.1f} … {hi:.1f} (±{m.single_spread * 100:.1f}%), {len(m.single_runs)} passes: {', '.join(f'{x:.1f}' for x in m.single_runs)}")
+    for level, rate in m.concurrent_tps_by_level.items():
+        table.add_row(f"concurrent_tps @{level}", f"{rate:.1f} tok/s", f"steady window {m.concurrent_window_s[level]:.1f} s, p99 ITL {m.concurrent_p99_itl_ms[level]:.1f} ms")
+    table.add_row("accept_length", fmt(m.accept_length, 2), "avg_spec_accept_length over the measured phases")
+    table.add_row("max_total_num_tokens", fmt(m.max_total_num_tokens), "")
+    table.add_row("max_running_requests", fmt(m.max_running_requests), "")
+    table.add_row("TTFT", f"{m.ttft_ms:.1f} ms", f"p90 {m.ttft_p90_ms:.1f}, p99 {m.ttft_p99_ms:.1f} (single stream)")
+    table.add_row("ITL", f"{m.itl_ms:.2f} ms", f"p90 {m.itl_p90_ms:.2f}, p99 {m.itl_p99_ms:.2f} (single stream)")
+    table.add_row("end-to-end", f"{m.e2e_ms:.0f} ms", f"p90 {m.e2e_p90_ms:.0f}, p99 {m.e2e_p99_ms:.0f}")
+    if m.greedy_inflation:
+        table.add_row("greedy_inflation", f"{m.greedy_inflation:.2f}x", "single_tps with ignore_eos / stopping at EOS")
+    for objective, value in zip(objectives, score(objectives, m)):
+        table.add_row(f"objective {objective.name}", fmt(value), objective.unit)
+    table.add_row("time", f"{m.duration_s:.1f} s", f"{m.completion_tokens:,} completion tokens")
+    return table
+
+
+def warnings_for(m: Measurement, bench) -> list[str]:
+    out = []
+    if m.single_spread > bench.single_target_ci and math.isfinite(m.single_spread):
+        out.append(
+            f"single_tps spread ±{m.single_spread * 100:.1f}% after {len(m.single_runs)} passes is above "
+            f"single_target_ci ({bench.single_target_ci * 100:.0f}%): raise [bench] single_max_passes, or measure on a quieter machine"
+        )
+    for level in bench.concurrency_levels:
+        if bench.concurrent_requests < 3 * level:
+            out.append(
+                f"concurrency {level} with {bench.concurrent_requests} requests barely reaches a steady state: "
+                f"raise [bench] concurrent_requests to at least {3 * level}"
+            )
+    if m.ignore_eos:
+        out.append("ignore_eos is on: these speeds are inflated (see greedy_inflation); set [bench] ignore_eos = false for real traffic")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tuner.bench", description=__doc__.splitlines()[0])
+    p.add_argument("--config", default=DEFAULT_CONFIG)
+    p.add_argument("--flags", help="launch the config's command with these flags instead of measuring the running server")
+    p.add_argument("--json", action="store_true", help="print the measurement as JSON")
+    args = p.parse_args(argv)
+    err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+    out = Console(width=None if sys.stdout.isatty() else 200)
+    try:
+        config = load_config(args.config)
+        objectives = load_objectives(config.study.objectives, config.bench.concurrency_levels)
+        workload = load_workload(config.bench.prompts, seed=config.bench.seed, base_dir=config.base_dir)
+        api_key = os.environ.get(config.target.api_key_env) if config.target.api_key_env else None
+        client = ServerClient(config.target.url, api_key=api_key)
+        progress = lambda phase, done, total: err.print(f"  {phase} {done}/{total}", highlight=False) if done == total else None  # noqa: E731
+        if args.flags is None:
+            if client.health_generate(timeout_s=30) != 200:
+                raise ConfigError(f"nothing ready answers at {config.target.url}; start the server, or pass --flags to launch it")
+            info = client.server_info()
+            m = measure(url=config.target.url, bench=config.bench, info=info, workload=workload, client=client, api_key=api_key, progress=progress)
+        else:
+            try:
+                extra = shlex.split(args.flags)
+            except ValueError as exc:
+                raise ConfigError(f"--flags: {exc}") from None
+            spec = launch_spec(config.server, Params(), api_key=api_key, extra=extra)
+            err.print(f"launching: {spec.launch_command}", highlight=False, markup=False)
+            shell = connect(config.target)
+            try:
+                with control_for(config, shell) as control:
+                    control.prepare()
+                    control.start(spec)
+                    ready = wait_ready(control, client, params=Params(), timeout_s=config.target.ready_timeout_s,
+                                       poll_s=config.target.poll_interval_s, url=config.target.url)
+                    err.print(f"ready in {ready.startup_s:.1f} s", highlight=False)
+                    m = measure(url=config.target.url, bench=config.bench, info=ready.info, workload=workload, client=client,
+                                api_key=api_key, progress=progress)
+            finally:
+                shell.close()
+    except LaunchError as exc:
+        err.print(f"error: {exc.reason}", highlight=False, markup=False)
+        return 2
+    except TunerError as exc:
+        err.print(f"error: {exc}", highlight=False, markup=False)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    if args.json:
+        out.print_json(json.dumps({"single_tps": m.single_tps, "single_ci95": m.single_ci95, "concurrent_tps": m.concurrent_tps_by_level,
+                                   "accept_length": m.accept_length, "max_total_num_tokens": m.max_total_num_tokens,
+                                   "max_running_requests": m.max_running_requests, "ttft_ms": m.ttft_ms, "itl_p99_ms": m.itl_p99_ms,
+                                   "greedy_inflation": m.greedy_inflation, "objectives": dict(zip([o.name for o in objectives], score(objectives, m)))}))
+    else:
+        out.print(measurement_table(m, objectives))
+    for warning in warnings_for(m, config.bench):
+        err.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False, soft_wrap=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
