@@ -362,40 +362,76 @@ class QMCThenTPE(optuna.samplers.BaseSampler):
 
 
 class MemoryEdgeSampler(optuna.samplers.BaseSampler):
-    """A sampler for the speculative flags that puts mem_fraction_static at the memory edge.
+    """Lets `base` sample the speculative shape and puts mem_fraction_static at the memory edge.
 
-    mem_fraction_static only trades the KV pool (capacity; and throughput once the pool limits
-    the batch) against the slack CUDA graphs and activations need: no objective of the tuner
-    improves with a smaller static pool, so the front lies at the highest fraction that still
-    starts.  Sampling it wastes most trials on dominated configs; this wrapper lets `base`
-    sample the rest and picks the highest value of the space's grid not known to fail:
-    below every CUDA-graph OOM (`failure_kind == "memory_graph"`) of a shape with no more
-    steps and no wider topk than this trial's (it needs at least as much graph memory), and
-    no higher than any other graph OOM (a smaller shape may still fit at that value).  The
-    first trial probes the top of the range; each OOM lowers the edge for its shape and every
-    larger one, the way tuner/history.py rules them out.  `margin_other` = 1 also keeps
-    smaller shapes one step below another shape's OOM (fewer failed launches, a little less
-    capacity).
+    Why: mem_fraction_static only trades the static pool (KV cache: capacity, and throughput
+    once the pool limits the batch) against the slack CUDA graphs and activations need.  No
+    objective of the tuner gets better with a smaller pool, so every point of the Pareto front
+    sits at the highest fraction that still starts, and sampling the fraction spends most
+    trials on dominated configs (capacity scales with it).  The wrapper never samples it:
+
+    - start at the top of the searched range;
+    - a CUDA-graph OOM (`failure_kind == "memory_graph"`) at fraction m caps every later trial
+      one grid step below m (`margin` steps for shapes with more steps or a wider topk than the
+      failed one need at least as much graph memory; smaller shapes also get `margin_other`);
+    - until some trial has started below the cap, back off exponentially (1, 3, 7 steps below
+      the top after 1, 2, 3 OOMs); afterwards bisect between the highest fraction that started
+      and the cap.  So the edge costs a few failed launches (1-3 on the landscapes here),
+      not one per grid step.
+
+    With `dedupe`, a proposal identical to a measured config is replaced by a random one (up to
+    `tries` draws): the tuner settles duplicates without a launch, but each still costs a trial
+    of the budget, and with the fraction fixed TPE proposes its favourite chain again and again.
     """
 
     _MFS = "mem_fraction_static"
+    _STEPS = "speculative_num_steps"
+    _TOPK = "speculative_eagle_topk"
+    _DRAFT = "speculative_num_draft_tokens"
 
-    def __init__(self, base: optuna.samplers.BaseSampler, margin_other: int = 0):
+    def __init__(self, base: optuna.samplers.BaseSampler, *, seed: int | None = None, margin_other: int = 1,
+                 dedupe: bool = True, tries: int = 8):
         self._base = base
+        self._random = optuna.samplers.RandomSampler(seed=seed)
         self._margin_other = margin_other
+        self._dedupe = dedupe
+        self._tries = tries
 
+    # -- delegation --
     def infer_relative_search_space(self, study, trial):
         space = self._base.infer_relative_search_space(study, trial)
         space.pop(self._MFS, None)
         return space
 
     def sample_relative(self, study, trial, search_space):
-        return self._base.sample_relative(study, trial, search_space)
+        params = self._base.sample_relative(study, trial, search_space)
+        if not (self._dedupe and params.get(self._TOPK) == 1 and self._STEPS in params):
+            return params
+        # A chain (topk 1) is fully determined by steps and the fraction.  TPE proposes the
+        # argmax of its acquisition, so re-asking it repeats itself: draw repeats at random.
+        mfs_dist = self._mfs_distribution(study)
+        for _ in range(self._tries):
+            proposal = dict(params)
+            if mfs_dist is not None:
+                proposal[self._MFS] = self._edge(study, params, mfs_dist)
+            if not self._measured(study, proposal):
+                break
+            params = {name: self._random.sample_independent(study, trial, name, dist)
+                      for name, dist in search_space.items()}
+            if params.get(self._TOPK) != 1:
+                break
+        return params
 
     def sample_independent(self, study, trial, param_name, param_distribution):
-        if param_name != self._MFS:
-            return self._base.sample_independent(study, trial, param_name, param_distribution)
-        return self._edge(study, trial, param_distribution)
+        if param_name == self._MFS:
+            return self._edge(study, trial.params, param_distribution)
+        value = self._base.sample_independent(study, trial, param_name, param_distribution)
+        if self._dedupe and param_name == self._DRAFT:
+            for _ in range(self._tries):
+                if not self._measured(study, {**trial.params, param_name: value}):
+                    break
+                value = self._random.sample_independent(study, trial, param_name, param_distribution)
+        return value
 
     def before_trial(self, study, trial):
         self._base.before_trial(study, trial)
@@ -403,30 +439,63 @@ class MemoryEdgeSampler(optuna.samplers.BaseSampler):
     def after_trial(self, study, trial, state, values):
         self._base.after_trial(study, trial, state, values)
 
-    def _edge(self, study, trial, dist) -> float:
+    def reseed_rng(self):
+        self._base.reseed_rng()
+        self._random.reseed_rng()
+
+    # -- the rules --
+    @staticmethod
+    def _finished(study):
+        return study._get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED), use_cache=False)
+
+    def _mfs_distribution(self, study):
+        for t in reversed(self._finished(study)):
+            if self._MFS in t.distributions:
+                return t.distributions[self._MFS]
+        return None
+
+    def _measured(self, study, params: dict) -> bool:
+        return any(t.state == TrialState.COMPLETE and t.params == params for t in self._finished(study))
+
+    def _edge(self, study, params: dict, dist) -> Any:
         if isinstance(dist, optuna.distributions.CategoricalDistribution):
-            grid_values = sorted(float(v) for v in dist.choices)
-        elif dist.step:
-            count = int(round((dist.high - dist.low) / dist.step)) + 1
-            grid_values = [dist.low + i * dist.step for i in range(count)]
-        else:  # continuous: probe in 1% steps
-            count = int(math.floor((dist.high - dist.low) / 0.01)) + 1
-            grid_values = [dist.high - i * 0.01 for i in range(count)][::-1]
-        steps = trial.params.get("speculative_num_steps")
-        topk = trial.params.get("speculative_eagle_topk")
-        top = len(grid_values) - 1
-        for f in study._get_trials(deepcopy=False, states=(TrialState.PRUNED,), use_cache=False):
-            m = f.params.get(self._MFS)
-            if f.user_attrs.get("failure_kind") != "memory_graph" or m is None:
+            values = sorted(float(v) for v in dist.choices)
+        else:
+            step = dist.step or 0.01
+            count = int(math.floor((dist.high - dist.low) / step + 1e-9)) + 1
+            values = [round(dist.high - i * step, 10) for i in range(count)][::-1]
+            if dist.step:
+                values = [round(dist.low + i * step, 10) for i in range(count)]
+
+        def index(m: float) -> int:
+            below = [i for i, v in enumerate(values) if v <= m + 1e-9]
+            return below[-1] if below else -1
+
+        steps, topk = params.get(self._STEPS), params.get(self._TOPK)
+        top = cap = len(values) - 1
+        failures = 0
+        started = -1
+        for t in self._finished(study):
+            m = t.params.get(self._MFS)
+            if m is None:
                 continue
-            at = max(i for i, v in enumerate(grid_values) if v <= m + 1e-9) if m >= grid_values[0] - 1e-9 else -1
-            smaller = all(
-                mine is None or theirs is None or theirs <= mine
-                for mine, theirs in ((steps, f.params.get("speculative_num_steps")),
-                                     (topk, f.params.get("speculative_eagle_topk")))
-            )
-            top = min(top, at - 1 if smaller else at - self._margin_other)
-        value = grid_values[max(top, 0)]
+            if t.state == TrialState.COMPLETE:
+                started = max(started, index(m))
+            elif t.user_attrs.get("failure_kind") == "memory_graph":
+                failures += 1
+                smaller = all(
+                    mine is None or theirs is None or theirs <= mine
+                    for mine, theirs in ((steps, t.params.get(self._STEPS)), (topk, t.params.get(self._TOPK)))
+                )
+                cap = min(cap, index(m) - (1 if smaller else self._margin_other))
+        cap = max(cap, 0)
+        if failures == 0 or started >= cap:
+            i = cap
+        elif started < 0:
+            i = max(0, min(cap, top - (2**failures - 1)))  # back off: 1, 3, 7, ... below the top
+        else:
+            i = started + (cap - started + 1) // 2  # bisect between what started and the cap
+        value = values[i]
         if isinstance(dist, optuna.distributions.CategoricalDistribution):
             return next(c for c in dist.choices if abs(float(c) - value) < 1e-9)
         return value
@@ -461,22 +530,34 @@ CANDIDATES = [
     Candidate("sobol8 -> tpe-mv-group", lambda s: QMCThenTPE(s, 8, optuna.samplers.TPESampler(
         seed=s, multivariate=True, group=True, n_startup_trials=8)),
               code="QMCSampler(sobol, scrambled) for 8 trials, then TPESampler(multivariate=True, group=True)"),
-    Candidate("edge(random)", lambda s: MemoryEdgeSampler(optuna.samplers.RandomSampler(seed=s)),
+    Candidate("edge(random)", lambda s: MemoryEdgeSampler(optuna.samplers.RandomSampler(seed=s), seed=s),
               code="MemoryEdgeSampler(RandomSampler(seed=seed))"),
+    Candidate("edge(tpe-mv-s6) m0 no-dedupe", lambda s: MemoryEdgeSampler(optuna.samplers.TPESampler(
+        seed=s, multivariate=True, n_startup_trials=6), seed=s, margin_other=0, dedupe=False),
+              code="MemoryEdgeSampler(TPESampler(seed=seed, multivariate=True, n_startup_trials=6), margin_other=0, dedupe=False)"),
+    Candidate("edge(tpe-mv-s6) no-dedupe", lambda s: MemoryEdgeSampler(optuna.samplers.TPESampler(
+        seed=s, multivariate=True, n_startup_trials=6), seed=s, dedupe=False),
+              code="MemoryEdgeSampler(TPESampler(seed=seed, multivariate=True, n_startup_trials=6), dedupe=False)"),
     Candidate("edge(tpe-mv-s6)", lambda s: MemoryEdgeSampler(optuna.samplers.TPESampler(
-        seed=s, multivariate=True, n_startup_trials=6)),
+        seed=s, multivariate=True, n_startup_trials=6), seed=s),
               code="MemoryEdgeSampler(TPESampler(seed=seed, multivariate=True, n_startup_trials=6))"),
-    Candidate("edge(tpe-mv-s6) m1", lambda s: MemoryEdgeSampler(optuna.samplers.TPESampler(
-        seed=s, multivariate=True, n_startup_trials=6), margin_other=1),
-              code="MemoryEdgeSampler(TPESampler(seed=seed, multivariate=True, n_startup_trials=6), margin_other=1)"),
-    Candidate("edge(tpe-mv-group-s6)", lambda s: MemoryEdgeSampler(optuna.samplers.TPESampler(
-        seed=s, multivariate=True, group=True, n_startup_trials=6)),
-              code="MemoryEdgeSampler(TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=6))"),
+    Candidate("edge(tpe-mv-s4)", lambda s: MemoryEdgeSampler(optuna.samplers.TPESampler(
+        seed=s, multivariate=True, n_startup_trials=4), seed=s),
+              code="MemoryEdgeSampler(TPESampler(seed=seed, multivariate=True, n_startup_trials=4))"),
+    Candidate("edge(tpe-mv-s8)", lambda s: MemoryEdgeSampler(optuna.samplers.TPESampler(
+        seed=s, multivariate=True, n_startup_trials=8), seed=s),
+              code="MemoryEdgeSampler(TPESampler(seed=seed, multivariate=True, n_startup_trials=8))"),
     Candidate("edge(tpe-indep-s6)", lambda s: MemoryEdgeSampler(optuna.samplers.TPESampler(
-        seed=s, multivariate=False, n_startup_trials=6)),
+        seed=s, multivariate=False, n_startup_trials=6), seed=s),
               code="MemoryEdgeSampler(TPESampler(seed=seed, multivariate=False, n_startup_trials=6))"),
+    Candidate("edge(tpe-mv-group-s6)", lambda s: MemoryEdgeSampler(optuna.samplers.TPESampler(
+        seed=s, multivariate=True, group=True, n_startup_trials=6), seed=s),
+              code="MemoryEdgeSampler(TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=6))"),
+    Candidate("edge(nsga2-p6)", lambda s: MemoryEdgeSampler(optuna.samplers.NSGAIISampler(
+        seed=s, population_size=6), seed=s),
+              code="MemoryEdgeSampler(NSGAIISampler(seed=seed, population_size=6))"),
     Candidate("edge(tpe-mv-s6) +warm", lambda s: MemoryEdgeSampler(optuna.samplers.TPESampler(
-        seed=s, multivariate=True, n_startup_trials=6)), warm_start="shape",
+        seed=s, multivariate=True, n_startup_trials=6), seed=s), warm_start="shape",
               code="MemoryEdgeSampler(TPESampler(seed=seed, multivariate=True, n_startup_trials=6)) + enqueue SGLang's default shape"),
     Candidate("nsga2-p8", lambda s: optuna.samplers.NSGAIISampler(seed=s, population_size=8),
               code="NSGAIISampler(seed=seed, population_size=8)"),

@@ -28,7 +28,7 @@ from .host import connect
 from .launch import launch_spec
 from .measure import Measurement, measure
 from .readiness import wait_ready
-from .report import fmt
+from .terminal import fmt
 from .score import load_objectives, score
 from .space import Params
 from .workload import load_workload

@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 from .config import DEFAULT_CONFIG, Config, load_config
 from .errors import ConfigError, TunerError
-from .report import counts_line, pareto_table, trial_line
+from .terminal import counts_line, pareto_table, trial_line
 from .samplers import SAMPLERS
 from .space import Params
 from .study import run_study
@@ -42,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sampler", choices=SAMPLERS, help="overrides [study] sampler (default auto)")
     p.add_argument("--seed", type=int, help="sampler seed")
     p.add_argument("--timeout", type=float, help="stop starting new trials after this many seconds")
+    p.add_argument("--patience", type=int, help="stop when the last N trials grew the front's hypervolume by under 1%%")
     p.add_argument("-v", "--verbose", action="store_true", help="log the tuner's own steps")
     return p
 
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         config = apply_overrides(load_config(args.config), study_name=args.study_name, storage=args.storage)
         with RichReporter(err) as reporter:
             result = run_study(config, trials=args.trials, sampler_name=args.sampler, seed=args.seed,
-                               reporter=reporter, timeout_s=args.timeout)
+                               reporter=reporter, timeout_s=args.timeout, patience=args.patience)
     except TunerError as exc:
         err.print(f"error: {exc}", highlight=False, markup=False)
         return 2

@@ -19,7 +19,7 @@ from typing import Any, Callable, Protocol
 
 import optuna
 
-from . import artifacts, history
+from . import artifacts, history, hypervolume, notes
 from .client import ServerClient
 from .config import Config
 from .control import control_for
@@ -144,6 +144,7 @@ class _TrialRunner:
         except KeyboardInterrupt:
             trial.set_user_attr("fail_reason", "interrupted")
             self._save_log(trial, spec)
+            self._note(trial, "FAIL")
             raise
         except HostError as exc:
             trial.set_user_attr("fail_reason", redact(str(exc), spec.secrets))
@@ -155,13 +156,22 @@ class _TrialRunner:
         if verdict.kind == "duplicate":
             trial.set_user_attr("duplicate_of", earlier.number)
             for key, value in earlier.user_attrs.items():
-                if key not in ("flags", "launch_command", "target", "server_log_artifact") and key not in trial.user_attrs:
+                if key not in ("flags", "launch_command", "target", "server_log_artifact", "worker") and key not in trial.user_attrs:
                     trial.set_user_attr(key, value)
+            self._record_hypervolume(trial, list(earlier.values))
+            self._note(trial, "COMPLETE (duplicate)", list(earlier.values))
             return list(earlier.values)
         trial.set_user_attr("ruled_out_by", earlier.number)
         trial.set_user_attr("failure_kind", earlier.user_attrs.get("failure_kind"))
         trial.set_user_attr("fail_reason", verdict.reason)
+        self._note(trial, "PRUNED without a launch")
         raise optuna.TrialPruned(verdict.reason)
+
+    def _note(self, trial: optuna.Trial, state: str, values: list[float] | None = None) -> None:
+        try:
+            notes.save(trial, state=state, metric_names=[o.name for o in self.objectives], values=values)
+        except Exception as exc:  # a note is a convenience: it must never cost the trial
+            self.reporter.warning(f"trial {trial.number}: could not save its dashboard note: {exc}")
 
     def _run(self, trial: optuna.Trial, params: Params, spec) -> list[float]:
         cfg = self.config
@@ -179,6 +189,7 @@ class _TrialRunner:
             trial.set_user_attr("log_tail", _tail(exc.log_tail or self.control.log(), spec.secrets))
             self._save_log(trial, spec)
             self.control.stop()
+            self._note(trial, "FAIL" if exc.fatal else "PRUNED")
             if exc.fatal:
                 self.fatal = exc
                 raise
@@ -207,6 +218,7 @@ class _TrialRunner:
             trial.set_user_attr("log_tail", _tail(self.control.log(), spec.secrets))
             self._save_log(trial, spec)
             self.control.stop()
+            self._note(trial, "FAIL")
             raise MeasureError(reason) from None
         record_measurement(trial, m)
         c = cfg.constraints
@@ -215,7 +227,16 @@ class _TrialRunner:
         self.control.poll()  # collect the rest of the log
         self._save_log(trial, spec)
         self.control.stop()
-        return score(self.objectives, m)
+        values = score(self.objectives, m)
+        self._record_hypervolume(trial, values)
+        self._note(trial, "COMPLETE", values)
+        return values
+
+    def _record_hypervolume(self, trial: optuna.Trial, values: list[float]) -> None:
+        """The front's normalised hypervolume with this trial in it (the history a study keeps)."""
+        done = [list(t.values) for t in trial.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))]
+        series = hypervolume.history(done + [values])
+        trial.set_user_attr("hypervolume", round(series[-1], 4))
 
     def _save_log(self, trial: optuna.Trial, spec) -> None:
         if self.store is None:
@@ -290,6 +311,15 @@ def open_study(config: Config, *, sampler_name: str | None = None, seed: int | N
     return study, objectives
 
 
+def _stop_rule(patience: int | None, reporter: Reporter) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
+    def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if patience and hypervolume.stalled(study, patience):
+            reporter.warning(f"the last {patience} trials grew the front's hypervolume by under 1%: stopping (--patience {patience})")
+            study.stop()
+
+    return callback
+
+
 def run_study(
     config: Config,
     *,
@@ -298,6 +328,7 @@ def run_study(
     seed: int | None = None,
     reporter: Reporter | None = None,
     timeout_s: float | None = None,
+    patience: int | None = None,
 ) -> RunResult:
     """Run `trials` trials of the config's study (resuming it if it exists)."""
     reporter = reporter or SilentReporter()
@@ -329,7 +360,7 @@ def run_study(
                     n_trials=trials,
                     timeout=timeout_s,
                     catch=(MeasureError,),
-                    callbacks=[lambda s, t: reporter.trial_finished(t)],
+                    callbacks=[lambda s, t: reporter.trial_finished(t), _stop_rule(patience, reporter)],
                     gc_after_trial=False,
                 )
             except LaunchError as exc:

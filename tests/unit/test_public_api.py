@@ -49,7 +49,7 @@ def test_third_party_libraries_stay_home():
 
 
 def test_lower_layers_do_not_import_higher_ones():
-    order = ["errors", "config", "space", "launch", "host", "control", "diagnose", "client", "readiness", "workload", "measure", "score", "study", "report", "optimize"]
+    order = ["errors", "config", "space", "launch", "host", "control", "diagnose", "client", "readiness", "workload", "measure", "score", "study", "terminal", "optimize"]
     rank = {name: i for i, name in enumerate(order)}
     for path in PKG.glob("*.py"):
         me = path.stem

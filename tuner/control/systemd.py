@@ -32,6 +32,7 @@ __all__ = ["SystemdControl", "systemd_quote", "render_dropin", "DROPIN_NAME"]
 logger = logging.getLogger(__name__)
 
 DROPIN_NAME = "zz-sglang-tuner.conf"
+APPLIED_NAME = "50-sglang-tuner-best.conf"  # `tuner.best --apply`: kept until the operator removes it
 _STATE_MARK = "# sglang-tuner original-state: "
 _SIMPLE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 
@@ -44,10 +45,15 @@ def systemd_quote(arg: str) -> str:
     return '"' + escaped.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def render_dropin(spec: LaunchSpec, *, original_state: str, study: str) -> str:
+def render_dropin(spec: LaunchSpec, *, original_state: str | None, study: str) -> str:
+    head = (
+        [f"# Written by sglang-tuner for study {study}; removed when the run ends.", f"{_STATE_MARK}{original_state}"]
+        if original_state is not None
+        else [f"# The best configuration of study {study}, applied by `python -m tuner.best --apply`.",
+              "# Remove this file and run `systemctl daemon-reload` to go back to the unit's own command."]
+    )
     lines = [
-        f"# Written by sglang-tuner for study {study}; removed when the run ends.",
-        f"{_STATE_MARK}{original_state}",
+        *head,
         "[Service]",
         "ExecStart=",
         "ExecStart=" + " ".join(systemd_quote(a) for a in spec.argv),
@@ -197,6 +203,24 @@ class SystemdControl:
                 break
             time.sleep(0.2)
         self._run(f"systemctl reset-failed {self.unit}", check=False)
+
+    def apply(self, spec: LaunchSpec, *, study: str) -> str:
+        """Install `spec` for good (its own drop-in, outside the tuner's run drop-in) and restart."""
+        path = f"{self.dropin_dir}/{APPLIED_NAME}"
+        tmp = f"{path}.tmp"
+        self._run(
+            f"mkdir -p {shlex.quote(self.dropin_dir)} && cat > {shlex.quote(tmp)} && mv -f {shlex.quote(tmp)} {shlex.quote(path)}",
+            stdin_text=render_dropin(spec, original_state=None, study=study),
+        )
+        self._run("systemctl daemon-reload")
+        self._run(f"systemctl stop {self.unit}", check=False)
+        self._run(f"systemctl reset-failed {self.unit}", check=False)
+        self._cursor = self._cursor_now()
+        self._since = self._run("date +%s", sudo=False).stdout.strip() or "0"
+        self._restarts_at_start = int(self._show().get("NRestarts", "0") or 0)
+        self._buffer = LogBuffer()
+        self._run(f"systemctl start {self.unit}")
+        return path
 
     def restore(self) -> None:
         """Remove the drop-in and leave the unit as it was (or running the best configuration)."""
