@@ -1,8 +1,8 @@
 """Which Optuna sampler finds the Pareto front of SGLang's speculative flags in 20 trials?
 
-    python benchmarks/sampler_benchmark.py                 # 20 seeds, every candidate (~5 min on 2 cores)
+    python benchmarks/sampler_benchmark.py                 # 20 seeds, every candidate (3-5 min on 2 cores)
     python benchmarks/sampler_benchmark.py --seeds 10
-    python benchmarks/sampler_benchmark.py --quick         # 3 seeds, a smoke run
+    python benchmarks/sampler_benchmark.py --quick         # 3 seeds, a smoke run (writes *_quick.*)
     python benchmarks/sampler_benchmark.py --samplers random,tpe-mv-s6 --landscapes qwen-demo
 
 Offline, on the emulator's performance model (`tuner/emulator/landscape.py::expect`): no server
@@ -40,6 +40,7 @@ import argparse
 import importlib.util
 import json
 import math
+import multiprocessing
 import os
 import platform
 import sys
@@ -371,13 +372,18 @@ class MemoryEdgeSampler(optuna.samplers.BaseSampler):
     trials on dominated configs (capacity scales with it).  The wrapper never samples it:
 
     - start at the top of the searched range;
-    - a CUDA-graph OOM (`failure_kind == "memory_graph"`) at fraction m caps every later trial
-      one grid step below m (`margin` steps for shapes with more steps or a wider topk than the
-      failed one need at least as much graph memory; smaller shapes also get `margin_other`);
+    - a CUDA-graph OOM (`failure_kind == "memory_graph"`) at fraction m caps later shapes with
+      at least as many steps and as wide a topk one grid step below m (they need at least as
+      much graph memory), and every other shape `margin_other` steps below m (default 1: a
+      smaller shape may fit at m, but finding out costs a launch);
     - until some trial has started below the cap, back off exponentially (1, 3, 7 steps below
       the top after 1, 2, 3 OOMs); afterwards bisect between the highest fraction that started
       and the cap.  So the edge costs a few failed launches (1-3 on the landscapes here),
       not one per grid step.
+
+    The rule reads the trials' params and the tuner's `failure_kind` / `ruled_out_by` user
+    attrs; it assumes no objective prefers a smaller static pool (true of every objective in
+    objectives/).
 
     With `dedupe`, a proposal identical to a measured config is replaced by a random one (up to
     `tries` draws): the tuner settles duplicates without a launch, but each still costs a trial
@@ -446,7 +452,7 @@ class MemoryEdgeSampler(optuna.samplers.BaseSampler):
     # -- the rules --
     @staticmethod
     def _finished(study):
-        return study._get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED), use_cache=False)
+        return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
 
     def _mfs_distribution(self, study):
         for t in reversed(self._finished(study)):
@@ -460,12 +466,12 @@ class MemoryEdgeSampler(optuna.samplers.BaseSampler):
     def _edge(self, study, params: dict, dist) -> Any:
         if isinstance(dist, optuna.distributions.CategoricalDistribution):
             values = sorted(float(v) for v in dist.choices)
-        else:
-            step = dist.step or 0.01
-            count = int(math.floor((dist.high - dist.low) / step + 1e-9)) + 1
-            values = [round(dist.high - i * step, 10) for i in range(count)][::-1]
-            if dist.step:
-                values = [round(dist.low + i * step, 10) for i in range(count)]
+        elif dist.step:
+            count = int(math.floor((dist.high - dist.low) / dist.step + 1e-9)) + 1
+            values = [round(dist.low + i * dist.step, 10) for i in range(count)]
+        else:  # continuous: probe down from the top in steps of 0.01
+            count = int(math.floor((dist.high - dist.low) / 0.01 + 1e-9)) + 1
+            values = [round(dist.high - i * 0.01, 10) for i in range(count)][::-1]
 
         def index(m: float) -> int:
             below = [i for i, v in enumerate(values) if v <= m + 1e-9]
@@ -482,7 +488,8 @@ class MemoryEdgeSampler(optuna.samplers.BaseSampler):
             if t.state == TrialState.COMPLETE:
                 started = max(started, index(m))
             elif t.user_attrs.get("failure_kind") == "memory_graph":
-                failures += 1
+                if t.user_attrs.get("ruled_out_by") is None:  # a launch that failed, not an inference
+                    failures += 1
                 smaller = all(
                     mine is None or theirs is None or theirs <= mine
                     for mine, theirs in ((steps, t.params.get(self._STEPS)), (topk, t.params.get(self._TOPK)))
@@ -505,66 +512,62 @@ def _tpe(**kw: Any) -> Callable[[int], optuna.samplers.TPESampler]:
     return lambda seed: optuna.samplers.TPESampler(seed=seed, **kw)
 
 
+def _edge(base: Callable[[int], optuna.samplers.BaseSampler], **kw: Any) -> Callable[[int], MemoryEdgeSampler]:
+    return lambda seed: MemoryEdgeSampler(base(seed), seed=seed, **kw)
+
+
+_RECOMMENDED = "TPESampler(seed=seed, multivariate=True, n_startup_trials=6, constant_liar=True)"
+
 CANDIDATES = [
     Candidate("random", lambda s: optuna.samplers.RandomSampler(seed=s), code="RandomSampler(seed=seed)"),
-    Candidate("tpe-mv-s6 (tuner now)", _tpe(multivariate=True, n_startup_trials=6, constant_liar=True),
-              code="TPESampler(seed=seed, multivariate=True, n_startup_trials=6, constant_liar=True)"),
+    # Optuna's TPE as the tuner has it now, and variations
+    Candidate("tpe-mv-s6 (tuner now)", _tpe(multivariate=True, n_startup_trials=6, constant_liar=True), code=_RECOMMENDED),
     Candidate("tpe-mv-s6 no-liar", _tpe(multivariate=True, n_startup_trials=6, constant_liar=False),
               code="TPESampler(seed=seed, multivariate=True, n_startup_trials=6, constant_liar=False)"),
     Candidate("tpe-indep-s10 (optuna default)", _tpe(n_startup_trials=10),
-              code="TPESampler(seed=seed)  # multivariate off for multi-objective, 10 startup"),
-    Candidate("tpe-indep-s5", _tpe(multivariate=False, n_startup_trials=5),
-              code="TPESampler(seed=seed, multivariate=False, n_startup_trials=5)"),
+              code="TPESampler(seed=seed)  # independent for multi-objective, 10 startup trials"),
     Candidate("tpe-mv-s5", _tpe(multivariate=True, n_startup_trials=5),
               code="TPESampler(seed=seed, multivariate=True, n_startup_trials=5)"),
     Candidate("tpe-mv-s10", _tpe(multivariate=True, n_startup_trials=10),
               code="TPESampler(seed=seed, multivariate=True, n_startup_trials=10)"),
     Candidate("tpe-mv-group-s6", _tpe(multivariate=True, group=True, n_startup_trials=6),
               code="TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=6)"),
-    Candidate("tpe-mv-group-s10", _tpe(multivariate=True, group=True, n_startup_trials=10),
-              code="TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=10)"),
-    Candidate("tpe-mv-group-s6 +warm", _tpe(multivariate=True, group=True, n_startup_trials=6), warm_start="full",
-              code="TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=6) + enqueue SGLang's default"),
     Candidate("tpe-mv-s6 +warm", _tpe(multivariate=True, n_startup_trials=6), warm_start="full",
-              code="TPESampler(seed=seed, multivariate=True, n_startup_trials=6) + enqueue SGLang's default"),
-    Candidate("sobol8 -> tpe-mv-group", lambda s: QMCThenTPE(s, 8, optuna.samplers.TPESampler(
-        seed=s, multivariate=True, group=True, n_startup_trials=8)),
-              code="QMCSampler(sobol, scrambled) for 8 trials, then TPESampler(multivariate=True, group=True)"),
-    Candidate("edge(random)", lambda s: MemoryEdgeSampler(optuna.samplers.RandomSampler(seed=s), seed=s),
-              code="MemoryEdgeSampler(RandomSampler(seed=seed))"),
-    Candidate("edge(tpe-mv-s6) m0 no-dedupe", lambda s: MemoryEdgeSampler(optuna.samplers.TPESampler(
-        seed=s, multivariate=True, n_startup_trials=6), seed=s, margin_other=0, dedupe=False),
-              code="MemoryEdgeSampler(TPESampler(seed=seed, multivariate=True, n_startup_trials=6), margin_other=0, dedupe=False)"),
-    Candidate("edge(tpe-mv-s6) no-dedupe", lambda s: MemoryEdgeSampler(optuna.samplers.TPESampler(
-        seed=s, multivariate=True, n_startup_trials=6), seed=s, dedupe=False),
-              code="MemoryEdgeSampler(TPESampler(seed=seed, multivariate=True, n_startup_trials=6), dedupe=False)"),
-    Candidate("edge(tpe-mv-s6)", lambda s: MemoryEdgeSampler(optuna.samplers.TPESampler(
-        seed=s, multivariate=True, n_startup_trials=6), seed=s),
-              code="MemoryEdgeSampler(TPESampler(seed=seed, multivariate=True, n_startup_trials=6))"),
-    Candidate("edge(tpe-mv-s4)", lambda s: MemoryEdgeSampler(optuna.samplers.TPESampler(
-        seed=s, multivariate=True, n_startup_trials=4), seed=s),
-              code="MemoryEdgeSampler(TPESampler(seed=seed, multivariate=True, n_startup_trials=4))"),
-    Candidate("edge(tpe-mv-s8)", lambda s: MemoryEdgeSampler(optuna.samplers.TPESampler(
-        seed=s, multivariate=True, n_startup_trials=8), seed=s),
-              code="MemoryEdgeSampler(TPESampler(seed=seed, multivariate=True, n_startup_trials=8))"),
-    Candidate("edge(tpe-indep-s6)", lambda s: MemoryEdgeSampler(optuna.samplers.TPESampler(
-        seed=s, multivariate=False, n_startup_trials=6), seed=s),
-              code="MemoryEdgeSampler(TPESampler(seed=seed, multivariate=False, n_startup_trials=6))"),
-    Candidate("edge(tpe-mv-group-s6)", lambda s: MemoryEdgeSampler(optuna.samplers.TPESampler(
-        seed=s, multivariate=True, group=True, n_startup_trials=6), seed=s),
-              code="MemoryEdgeSampler(TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=6))"),
-    Candidate("edge(nsga2-p6)", lambda s: MemoryEdgeSampler(optuna.samplers.NSGAIISampler(
-        seed=s, population_size=6), seed=s),
-              code="MemoryEdgeSampler(NSGAIISampler(seed=seed, population_size=6))"),
-    Candidate("edge(tpe-mv-s6) +warm", lambda s: MemoryEdgeSampler(optuna.samplers.TPESampler(
-        seed=s, multivariate=True, n_startup_trials=6), seed=s), warm_start="shape",
-              code="MemoryEdgeSampler(TPESampler(seed=seed, multivariate=True, n_startup_trials=6)) + enqueue SGLang's default shape"),
+              code="TPESampler(seed=seed, multivariate=True, n_startup_trials=6) + enqueue SGLang's default config"),
+    Candidate("sobol6 -> tpe-mv-s6", lambda s: QMCThenTPE(s, 6, optuna.samplers.TPESampler(
+        seed=s, multivariate=True, n_startup_trials=6)),
+              code="QMCSampler(qmc_type='sobol', scramble=True) for 6 trials, then TPESampler(multivariate=True)"),
     Candidate("nsga2-p8", lambda s: optuna.samplers.NSGAIISampler(seed=s, population_size=8),
               code="NSGAIISampler(seed=seed, population_size=8)"),
     Candidate("nsga2-p6", lambda s: optuna.samplers.NSGAIISampler(seed=s, population_size=6),
               code="NSGAIISampler(seed=seed, population_size=6)"),
     Candidate("gp-s6", lambda s: optuna.samplers.GPSampler(seed=s, n_startup_trials=6), requires="torch",
               code="GPSampler(seed=seed, n_startup_trials=6)"),
+    # mem_fraction_static at the memory edge (MemoryEdgeSampler), the shape from a base sampler
+    Candidate("edge(random)", _edge(lambda s: optuna.samplers.RandomSampler(seed=s)),
+              code="MemoryEdgeSampler(RandomSampler(seed=seed), seed=seed)"),
+    Candidate("edge(nsga2-p6)", _edge(lambda s: optuna.samplers.NSGAIISampler(seed=s, population_size=6)),
+              code="MemoryEdgeSampler(NSGAIISampler(seed=seed, population_size=6), seed=seed)"),
+    Candidate("edge(tpe-indep-s6)", _edge(_tpe(multivariate=False, n_startup_trials=6)),
+              code="MemoryEdgeSampler(TPESampler(seed=seed, n_startup_trials=6), seed=seed)"),
+    Candidate("edge(tpe-mv-s6) margin0", _edge(_tpe(multivariate=True, n_startup_trials=6, constant_liar=True),
+                                                margin_other=0),
+              code=f"MemoryEdgeSampler({_RECOMMENDED}, seed=seed, margin_other=0)"),
+    Candidate("edge(tpe-mv-s6) no-dedupe", _edge(_tpe(multivariate=True, n_startup_trials=6, constant_liar=True),
+                                                  dedupe=False),
+              code=f"MemoryEdgeSampler({_RECOMMENDED}, seed=seed, dedupe=False)"),
+    Candidate("edge(tpe-mv-s4)", _edge(_tpe(multivariate=True, n_startup_trials=4, constant_liar=True)),
+              code="MemoryEdgeSampler(TPESampler(seed=seed, multivariate=True, n_startup_trials=4), seed=seed)"),
+    Candidate("edge(tpe-mv-s8)", _edge(_tpe(multivariate=True, n_startup_trials=8, constant_liar=True)),
+              code="MemoryEdgeSampler(TPESampler(seed=seed, multivariate=True, n_startup_trials=8), seed=seed)"),
+    Candidate("edge(tpe-mv-s6) +warm shape", _edge(_tpe(multivariate=True, n_startup_trials=6, constant_liar=True)),
+              warm_start="shape",
+              code=f"MemoryEdgeSampler({_RECOMMENDED}, seed=seed) + enqueue SGLang's default (steps, topk, draft)"),
+    Candidate("edge(tpe-mv-s6) +warm full", _edge(_tpe(multivariate=True, n_startup_trials=6, constant_liar=True)),
+              warm_start="full",
+              code=f"MemoryEdgeSampler({_RECOMMENDED}, seed=seed) + enqueue SGLang's default incl. its mem fraction"),
+    Candidate("edge(tpe-mv-s6) RECOMMENDED", _edge(_tpe(multivariate=True, n_startup_trials=6, constant_liar=True)),
+              code=f"MemoryEdgeSampler({_RECOMMENDED}, seed=seed)"),
 ]
 
 
@@ -578,6 +581,16 @@ def _measure(e: L.Expectation, p: Params, seed: int) -> list[float]:
     z = rng.normal(0.0, NOISE, size=2)
     single, concurrent, capacity = e.values()
     return [single * (1 + z[0]), concurrent * (1 + z[1]), capacity]
+
+
+def _check(params: Params, study: optuna.Study, number: int) -> history.Verdict | None:
+    """history.check as tuner/study.py calls it (older history.py: finished trials only)."""
+    if hasattr(history, "relevant"):
+        verdict = history.check(params, history.relevant(study), current=number)
+    else:
+        verdict = history.check(params, history.finished(study))
+    # "running" (another worker measures the same flags) cannot happen in a sequential study.
+    return verdict if verdict is None or verdict.kind in ("duplicate", "ruled_out") else None
 
 
 def simulate(landscape_name: str, candidate_name: str, seed: int, n_trials: int = max(BUDGETS)) -> dict[str, Any]:
@@ -600,7 +613,7 @@ def simulate(landscape_name: str, candidate_name: str, seed: int, n_trials: int 
         trial = study.ask()
         params = suggest(trial, lands.space, lands.base)
         trial.set_user_attr("flags", params.as_dict())
-        verdict = history.check(params, history.finished(study))
+        verdict = _check(params, study, trial.number)
         if verdict is not None and verdict.kind == "duplicate":
             trial.set_user_attr("duplicate_of", verdict.trial.number)
             study.tell(trial, list(verdict.trial.values))
@@ -665,6 +678,29 @@ def _fmt(cell: dict[str, Any] | None, b: int) -> str:
     return f"{cell[str(b)]['mean'] * 100:.1f} ± {cell[str(b)]['std'] * 100:.1f}"
 
 
+def _verdict(cells: dict[str, Any], main: list[str], pert: list[str]) -> list[str]:
+    """The acceptance bar, checked from the table: mean HV >= 95% at 20 trials on both profiles."""
+    def at20(c: str, l: str) -> float:
+        return cells[c][l]["20"]["mean"] if l in cells[c] else float("nan")
+
+    passing = [c for c in cells if all(at20(c, l) >= TARGET for l in main)]
+    out = ["## Verdict", ""]
+    rec = next((c for c in cells if "RECOMMENDED" in c), None)
+    for c in [rec, "random", "tpe-mv-s6 (tuner now)"]:
+        if c in cells:
+            figures = ", ".join(f"{l} {at20(c, l) * 100:.1f}%" for l in main + pert)
+            out.append(f"- **{c}** at 20 trials: {figures}.")
+    out.append("")
+    out.append(f"Pass the bar (>= {TARGET:.0%} at 20 trials on every emulator profile): "
+               + (", ".join(f"`{c}`" for c in passing) if passing else "none") + ".")
+    if pert:
+        robust = [c for c in passing if all(at20(c, l) >= TARGET - 0.02 for l in pert)]
+        out.append(f"Of those, within 2 points of the bar on every perturbed landscape too: "
+                   + (", ".join(f"`{c}`" for c in robust) if robust else "none") + ".")
+    out.append("")
+    return out
+
+
 def render(cells: dict[str, Any], meta: dict[str, Any], lands_info: dict[str, Any], unavailable: dict[str, str]) -> str:
     lands_names = list(lands_info)
     main = [l for l in lands_names if not lands_info[l]["perturbed"]]
@@ -676,14 +712,22 @@ def render(cells: dict[str, Any], meta: dict[str, Any], lands_info: dict[str, An
                f"Generated by `benchmarks/sampler_benchmark.py` in {meta['wall_s']:.0f} s "
                f"({meta['jobs']} processes, optuna {meta['optuna']}, {meta['machine']}).")
     out.append("")
+    out.append("Setup: workload of the demo (greedy, max_tokens 128, capacity counted in 8,192-token requests) "
+               "except where the landscape table says otherwise; Qwen landscapes search studies/demo.toml's [space], the others "
+               f"`H200_SPACE` = {json.dumps(H200_SPACE)}. A run replays tuner/study.py's trial loop with "
+               "`ask`/`tell` (suggest -> history.check -> expect -> tell); HV counts the true values of the configs "
+               "its COMPLETE trials measured.")
+    out.append("")
+    out += _verdict(cells, main, pert)
     out.append("## Landscapes")
     out.append("")
-    out.append("| landscape | grid | feasible | memory_kv | memory_graph | front points | warm start (SGLang's default) | what |")
-    out.append("|---|---|---|---|---|---|---|---|")
+    out.append("| landscape | concurrency | request tokens | grid | feasible | memory_kv | memory_graph | front points "
+               "| warm start (SGLang's default) | what |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|")
     for l, info in lands_info.items():
         f = info["failures"]
         ws = ", ".join(f"{k.replace('speculative_', '')}={v}" for k, v in info["warm_start"].items())
-        out.append(f"| {l} | {info['grid']} | {f.get('ok', 0)} | {f.get('memory_kv', 0)} | {f.get('memory_graph', 0)} "
+        out.append(f"| {l} | {info['concurrency']} | {info['request_tokens']} | {info['grid']} | {f.get('ok', 0)} | {f.get('memory_kv', 0)} | {f.get('memory_graph', 0)} "
                    f"| {info['front_size']} | {ws} | {info['note']} |")
     out.append("")
     for b in BUDGETS:
@@ -741,12 +785,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=20, help="seeds per (sampler, landscape); default 20")
     ap.add_argument("--quick", action="store_true", help="3 seeds: a smoke run")
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds are first-seed .. first-seed + seeds - 1")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--samplers", help="comma-separated candidate names (default: all)")
     ap.add_argument("--landscapes", help="comma-separated landscape names (default: all)")
-    ap.add_argument("--out", default=str(RESULTS / "sampler_benchmark"), help="output path without extension")
+    ap.add_argument("--out", help="output path without extension (default benchmarks/results/sampler_benchmark, "
+                                  "_quick with --quick)")
     args = ap.parse_args(argv)
     seeds = 3 if args.quick else args.seeds
+    if args.out is None:
+        args.out = str(RESULTS / ("sampler_benchmark_quick" if args.quick else "sampler_benchmark"))
 
     _check_hv3()
     cands = [c for c in CANDIDATES if not args.samplers or c.name in args.samplers.split(",")]
@@ -770,11 +818,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"landscape {s.name}: {len(ls.table)} configs, {ls.failures.get('ok', 0)} feasible, "
               f"front {ls.front_size} points, max {np.round(ls.scale, 1).tolist()}  [{time.perf_counter() - t0:.1f}s]")
 
-    tasks = [(s.name, c.name, seed) for s in lands for c in cands for seed in range(seeds)]
+    tasks = [(s.name, c.name, seed) for s in lands for c in cands
+             for seed in range(args.first_seed, args.first_seed + seeds)]
     runs: list[dict[str, Any]] = []
     remaining = {(s.name, c.name): seeds for s in lands for c in cands}
     print(f"{len(tasks)} runs of {max(BUDGETS)} trials on {args.jobs} processes")
-    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+    # fork (where there is one) hands the workers the landscape tables built above
+    context = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
+    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=context) as pool:
         futures = [pool.submit(simulate, *t) for t in tasks]
         for fut in as_completed(futures):
             r = fut.result()
@@ -788,7 +839,7 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - t0
 
     cells = summarise(runs, [s.name for s in lands], [c.name for c in cands])
-    meta = {"seeds": seeds, "budgets": list(BUDGETS), "noise": NOISE, "wall_s": wall, "jobs": args.jobs,
+    meta = {"seeds": seeds, "first_seed": args.first_seed, "budgets": list(BUDGETS), "noise": NOISE, "wall_s": wall, "jobs": args.jobs,
             "optuna": optuna.__version__, "numpy": np.__version__, "python": platform.python_version(),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores"}
     text = render(cells, meta, lands_info, unavailable)
@@ -800,7 +851,7 @@ def main(argv: list[str] | None = None) -> int:
     payload = {"meta": meta, "landscapes": lands_info, "candidates": {c.name: c.code for c in cands},
                "unavailable": unavailable, "cells": cells,
                "runs": sorted(runs, key=lambda r: (r["landscape"], r["sampler"], r["seed"]))}
-    out.with_suffix(".json").write_text(json.dumps(payload, indent=1, default=str) + "\n", encoding="utf-8")
+    out.with_suffix(".json").write_text(json.dumps(payload, default=str, separators=(",", ":")) + "\n", encoding="utf-8")
     print(f"wrote {out.with_suffix('.md')} and {out.with_suffix('.json')} ({wall:.0f} s)")
     return 0
 

@@ -16,14 +16,13 @@ import os
 import sys
 
 from .client import ServerClient
-from .config import DEFAULT_CONFIG, load_config
+from .config import DEFAULT_CONFIG, apply_overrides, load_config
 from .control.process import ProcessControl
 from .control.systemd import APPLIED_NAME, SystemdControl, render_dropin
 from .errors import LaunchError, TunerError
 from .history import params_of
 from .host import connect
 from .launch import launch_spec
-from .optimize import apply_overrides
 from .picks import PICKS, pick
 from .readiness import wait_ready
 from .storage import storage_for_url

@@ -31,6 +31,7 @@ __all__ = [
     "FloatRange",
     "Choices",
     "load_config",
+    "apply_overrides",
     "DEFAULT_CONFIG",
     "SEARCHED_FLAGS",
 ]
@@ -393,6 +394,21 @@ def load_config(path: str | os.PathLike[str] = DEFAULT_CONFIG) -> Config:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     return _parse(path, text, str(Path(path).parent))
+
+
+def apply_overrides(config: Config, *, study_name: str | None, storage: str | None) -> Config:
+    update = {}
+    if study_name:
+        update["name"] = study_name
+    if storage:
+        update["storage"] = storage
+    if not update:
+        return config
+    try:
+        study = StudyConfig.model_validate({**config.study.model_dump(), **update})
+    except ValidationError as exc:
+        raise ConfigError(f"--study-name: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
+    return config.model_copy(update={"study": study})
 
 
 def parse_config(text: str, *, path: str = "<config>", base_dir: str = ".") -> Config:

@@ -25,7 +25,7 @@ _KEYS = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_dra
 
 @dataclass(frozen=True)
 class Verdict:
-    kind: str  # "duplicate" | "ruled_out"
+    kind: str  # "duplicate" | "ruled_out" | "running" (the same flags are being measured elsewhere)
     reason: str
     trial: FrozenTrial
 
@@ -50,8 +50,19 @@ def _le(a: float | int | None, b: float | int | None) -> bool:
     return a <= b + 1e-9
 
 
-def check(params: Params, trials: list[FrozenTrial]) -> Verdict | None:
-    """The earlier trial that settles `params` without a launch, if any."""
+def check(params: Params, trials: list[FrozenTrial], *, current: int | None = None, target: str | None = None) -> Verdict | None:
+    """The earlier trial that settles `params` without a launch, if any.
+
+    A RUNNING trial with the same flags (another worker of the study) is reported as
+    "running": measuring one configuration twice at once would only halve both servers' GPUs.
+    With `target` ("<host> <url>"), only trials that ran on that server are evidence (a worker whose hardware
+    is not yet known to match the study's must not reuse other machines' results).
+    """
+    if target is not None:
+        trials = [t for t in trials if f"{t.user_attrs.get('target')} {t.user_attrs.get('url')}" == target]
+    for t in trials:
+        if t.state == TrialState.RUNNING and t.number != current and params_of(t) == params:
+            return Verdict("running", f"trial {t.number} is measuring the same flags on {t.user_attrs.get('target', 'another worker')}", t)
     for t in trials:
         if t.user_attrs.get("duplicate_of") is not None or t.user_attrs.get("ruled_out_by") is not None:
             continue  # only trials that really ran are evidence
@@ -91,3 +102,8 @@ def _describe(p: Params) -> str:
 
 def finished(study: optuna.Study) -> list[FrozenTrial]:
     return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+
+
+def relevant(study: optuna.Study) -> list[FrozenTrial]:
+    """Finished trials, and the ones other workers are running now."""
+    return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING))

@@ -20,14 +20,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from .config import DEFAULT_CONFIG, Config, load_config
+from .config import DEFAULT_CONFIG, apply_overrides, load_config
 from .errors import ConfigError, TunerError
 from .terminal import counts_line, pareto_table, trial_line
 from .samplers import SAMPLERS
 from .space import Params
 from .study import run_study
 
-__all__ = ["main", "build_parser", "apply_overrides"]
+__all__ = ["main", "build_parser"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,27 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="sampler seed")
     p.add_argument("--timeout", type=float, help="stop starting new trials after this many seconds")
     p.add_argument("--patience", type=int, help="stop when the last N trials grew the front's hypervolume by under 1%%")
+    p.add_argument("--allow-mixed-hardware", action="store_true", help="join a study measured on other GPUs ([study] allow_mixed_hardware)")
     p.add_argument("-v", "--verbose", action="store_true", help="log the tuner's own steps")
     return p
-
-
-def apply_overrides(config: Config, *, study_name: str | None, storage: str | None) -> Config:
-    update = {}
-    if study_name:
-        update["name"] = study_name
-    if storage:
-        update["storage"] = storage
-    if not update:
-        return config
-    from pydantic import ValidationError
-
-    from .config import StudyConfig
-
-    try:
-        study = StudyConfig.model_validate({**config.study.model_dump(), **update})
-    except ValidationError as exc:
-        raise ConfigError(f"--study-name: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
-    return config.model_copy(update={"study": study})
 
 
 class RichReporter:
@@ -140,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         config = apply_overrides(load_config(args.config), study_name=args.study_name, storage=args.storage)
+        if args.allow_mixed_hardware:
+            config = config.model_copy(update={"study": config.study.model_copy(update={"allow_mixed_hardware": True})})
         with RichReporter(err) as reporter:
             result = run_study(config, trials=args.trials, sampler_name=args.sampler, seed=args.seed,
                                reporter=reporter, timeout_s=args.timeout, patience=args.patience)

@@ -18,7 +18,7 @@ import optuna
 
 from .config import Choices, FloatRange, IntRange, SpaceConfig
 
-__all__ = ["Params", "suggest", "draft_token_bounds", "params_from_argv", "grid", "DEFAULT_STEPS", "DEFAULT_TOPK"]
+__all__ = ["Params", "suggest", "draft_token_bounds", "params_from_argv", "grid", "check_compatible", "DEFAULT_STEPS", "DEFAULT_TOPK"]
 
 # SGLang's auto choice for "anything else" (_auto_choose_speculative_params): (3, 1, 4).
 DEFAULT_STEPS = 3
@@ -167,3 +167,44 @@ def grid(space: SpaceConfig, base: Params, mfs_values: list[float] | None = None
                 for mfs in mfs_values:
                     out.append(Params(steps, topk, draft, mfs))
     return out
+
+
+def _distribution(name: str, space: IntRange | FloatRange | Choices) -> optuna.distributions.BaseDistribution:
+    if isinstance(space, Choices):
+        return optuna.distributions.CategoricalDistribution(list(space.choices))
+    if isinstance(space, IntRange):
+        return optuna.distributions.IntDistribution(space.low, space.high, step=space.step)
+    return optuna.distributions.FloatDistribution(space.low, space.high, step=space.step)
+
+
+def check_compatible(space: SpaceConfig, study: optuna.Study) -> None:
+    """Refuse, before any trial, a [space] the study's earlier trials cannot share a parameter
+    with (Optuna fixes each parameter's kind, and a categorical's choices, for a study)."""
+    from .errors import ConfigError
+
+    wanted = {k: _distribution(k, getattr(space, k)) for k in ("speculative_num_steps", "speculative_eagle_topk", "mem_fraction_static")
+              if getattr(space, k) is not None}
+    seen: dict[str, optuna.distributions.BaseDistribution] = {}
+    for t in study.get_trials(deepcopy=False):
+        for name, dist in t.distributions.items():
+            seen.setdefault(name, dist)
+    for name, dist in wanted.items():
+        old = seen.get(name)
+        if old is None:
+            continue
+        same_choices = not isinstance(old, optuna.distributions.CategoricalDistribution) or list(old.choices) == list(dist.choices)
+        try:
+            optuna.distributions.check_distribution_compatibility(old, dist)
+        except ValueError:
+            same_choices = False
+        if not same_choices:
+            raise ConfigError(
+                f"[space] {name}: study {study.study_name!r} already samples it as {_describe(old)}, not {_describe(dist)}; "
+                "keep that form (a range stays a range, choices stay the same choices) or use another --study-name"
+            )
+
+
+def _describe(dist: optuna.distributions.BaseDistribution) -> str:
+    if isinstance(dist, optuna.distributions.CategoricalDistribution):
+        return f"choices {list(dist.choices)}"
+    return f"a range {dist.low}..{dist.high}"

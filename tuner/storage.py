@@ -33,7 +33,10 @@ def storage_for_url(url: str, *, heartbeat_s: int | None = None) -> optuna.stora
         kwargs["engine_kwargs"] = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}}
     elif url.startswith(("postgresql", "postgres")):
         try:
-            import psycopg2  # noqa: F401
+            if "+psycopg2" in url.split("://")[0]:
+                import psycopg2  # noqa: F401
+            else:
+                import psycopg  # noqa: F401  # SQLAlchemy 2.1's default PostgreSQL driver
         except ImportError:
             raise ConfigError(f"{url.split('@')[-1]}: PostgreSQL needs its driver; pip install 'sglang-spec-tuner[postgres]'") from None
         kwargs["engine_kwargs"] = {"pool_pre_ping": True}
@@ -74,5 +77,14 @@ def check_no_password(url: str) -> None:
         )
 
 
+DEFAULT_HEARTBEAT_S = 30
+
+
 def open_storage(config: Config) -> optuna.storages.BaseStorage:
-    return storage_for_url(config.storage_url, heartbeat_s=config.study.heartbeat_s)
+    """A shared database (several workers) gets Optuna's heartbeat by default, so a trial of a
+    worker that died is failed and retried by another; sqlite (one machine) recovers its
+    stale trials by process id instead (study.recover_stale_trials)."""
+    heartbeat = config.study.heartbeat_s
+    if heartbeat is None and not config.storage_url.startswith("sqlite"):
+        heartbeat = DEFAULT_HEARTBEAT_S
+    return storage_for_url(config.storage_url, heartbeat_s=heartbeat or None)

@@ -30,7 +30,7 @@ from .measure import Measurement, measure
 from .readiness import wait_ready
 from .samplers import make_sampler
 from .score import Objective, load_objectives, score
-from .space import Params, params_from_argv, suggest
+from .space import Params, check_compatible, params_from_argv, suggest
 from .storage import open_storage
 from .workload import Workload, load_workload
 
@@ -126,6 +126,7 @@ class _TrialRunner:
         self.store = store
         self.base = params_from_argv(config.server.argv)
         self.fatal: LaunchError | None = None
+        self.hardware_checked = False  # this worker's GPUs match the study's (after its first launch)
 
     def __call__(self, trial: optuna.Trial) -> list[float]:
         cfg = self.config
@@ -134,9 +135,10 @@ class _TrialRunner:
         trial.set_user_attr("launch_command", spec.launch_command)
         trial.set_user_attr("flags", params.as_dict())
         trial.set_user_attr("target", cfg.target.host)
+        trial.set_user_attr("url", cfg.target.url)
         trial.set_user_attr("worker", WORKER)
         self.reporter.trial_started(trial.number, params, spec.launch_command)
-        verdict = history.check(params, history.finished(trial.study))
+        verdict = self._wait_if_running_elsewhere(trial, params)
         if verdict is not None:
             return self._settled(trial, verdict)
         try:
@@ -149,6 +151,48 @@ class _TrialRunner:
         except HostError as exc:
             trial.set_user_attr("fail_reason", redact(str(exc), spec.secrets))
             raise
+
+    def _check_hardware(self, trial: optuna.Trial, info) -> None:
+        """Results from different GPUs must not be mixed silently: the study remembers the
+        hardware of its first measured trial, and a worker on other hardware refuses to join."""
+        if not info.accelerator:
+            return
+        mine = {"accelerator": info.accelerator, "gpu_count": info.gpu_count}
+        study = trial.study
+        recorded = study.user_attrs.get("hardware")
+        if recorded is None:
+            study.set_user_attr("hardware", {**mine, "first_target": self.config.target.host})
+        elif not self.config.study.allow_mixed_hardware and (
+            recorded.get("accelerator") != mine["accelerator"] or recorded.get("gpu_count") != mine["gpu_count"]
+        ):
+            raise LaunchError(
+                f"this target runs {mine['gpu_count']}x {mine['accelerator']}, but study {study.study_name!r} was measured on "
+                f"{recorded.get('gpu_count')}x {recorded.get('accelerator')} ({recorded.get('first_target')}): results from "
+                "different hardware must not be mixed; use another --study-name, or pass --allow-mixed-hardware",
+                kind="fatal",
+                fatal=True,
+            )
+        self.hardware_checked = True
+
+    def _wait_if_running_elsewhere(self, trial: optuna.Trial, params: Params) -> history.Verdict | None:
+        """Another worker measures the same flags now: wait for its result rather than
+        measure them twice at once (the sampler's constant liar makes this rare)."""
+        waited = False
+        deadline = time.monotonic() + self.config.target.ready_timeout_s + 3600
+        while True:
+            if waited:
+                # The other worker may be dead: let the heartbeat (or our pid check) fail its trial.
+                optuna.storages.fail_stale_trials(trial.study)
+                recover_stale_trials(trial.study, self.reporter)
+            same_hardware_known = self.hardware_checked and not self.config.study.allow_mixed_hardware
+            verdict = history.check(params, history.relevant(trial.study), current=trial.number,
+                                    target=None if same_hardware_known else f"{self.config.target.host} {self.config.target.url}")
+            if verdict is None or verdict.kind != "running" or time.monotonic() > deadline:
+                return None if verdict is not None and verdict.kind == "running" else verdict
+            if not waited:
+                self.reporter.phase(f"waiting: {verdict.reason}")
+                waited = True
+            time.sleep(2.0)
 
     def _settled(self, trial: optuna.Trial, verdict: history.Verdict) -> list[float]:
         """A proposal an earlier trial already answers: no restart."""
@@ -195,6 +239,14 @@ class _TrialRunner:
                 raise
             raise optuna.TrialPruned(exc.reason) from None
         info = ready.info
+        try:
+            self._check_hardware(trial, info)
+        except LaunchError as exc:
+            trial.set_user_attr("fail_reason", exc.reason)
+            self.control.stop()
+            self._note(trial, "FAIL")
+            self.fatal = exc
+            raise
         trial.set_user_attr("startup_s", round(ready.startup_s, 1))
         trial.set_user_attr("max_total_num_tokens", info.max_total_num_tokens)
         trial.set_user_attr("max_running_requests", info.max_running_requests)
@@ -280,8 +332,12 @@ def recover_stale_trials(study: optuna.Study, reporter: "Reporter") -> list[int]
         if name != host or not pid.isdigit() or int(pid) == os.getpid() or _pid_alive(int(pid)):
             continue
         storage = study._storage
-        storage.set_trial_user_attr(t._trial_id, "fail_reason", f"interrupted: the tuner running it (pid {pid}) is gone; retried")
-        storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+        try:
+            storage.set_trial_user_attr(t._trial_id, "fail_reason", f"interrupted: the tuner running it (pid {pid}) is gone; retried")
+            if not storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL):
+                continue
+        except (optuna.exceptions.UpdateFinishedTrialError, RuntimeError):
+            continue  # another worker got there first
         study.enqueue_trial(t.params, user_attrs={"retry_of": t.number}, skip_if_exists=False)
         retried.append(t.number)
         reporter.warning(f"trial {t.number} was left RUNNING by a killed run (pid {pid}): marked FAIL and queued again")
@@ -333,6 +389,8 @@ def run_study(
     """Run `trials` trials of the config's study (resuming it if it exists)."""
     reporter = reporter or SilentReporter()
     study, objectives = open_study(config, sampler_name=sampler_name, seed=seed)
+    check_compatible(config.space, study)
+    study.set_user_attr("sampler", sampler_name or config.study.sampler)
     recover_stale_trials(study, reporter)
     workload = load_workload(config.bench.prompts, seed=config.bench.seed, base_dir=config.base_dir)
     api_key = os.environ.get(config.target.api_key_env) if config.target.api_key_env else None

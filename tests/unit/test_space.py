@@ -62,3 +62,20 @@ def test_grid_counts_trees_within_the_sweep_bound():
     # topk 1: 6 chains; topk 2: sum over steps of (2*s+1 - 1); topk 4: min(4s+1,16) - 1
     expected = 6 + sum(2 * s for s in range(1, 7)) + sum(min(4 * s + 1, 16) - 1 for s in range(1, 7))
     assert len(points) == expected
+
+
+def test_a_space_that_changes_form_between_runs_is_refused():
+    from tuner.errors import ConfigError
+    from tuner.space import check_compatible
+
+    study = optuna.create_study(directions=["maximize"])
+    cfg = parse_config(CONFIG)
+    trial = study.ask()
+    suggest(trial, cfg.space, Params())
+    study.tell(trial, 1.0)
+    check_compatible(cfg.space, study)  # same space: fine
+    changed = parse_config(CONFIG.replace("speculative_eagle_topk = { choices = [1, 2, 4] }", "speculative_eagle_topk = { choices = [1, 2] }"))
+    with pytest.raises(ConfigError, match=r"\[space\] speculative_eagle_topk: study .* already samples it as choices \[1, 2, 4\]"):
+        check_compatible(changed.space, study)
+    wider = parse_config(CONFIG.replace("high = 6", "high = 8"))
+    check_compatible(wider.space, study)  # a wider range is still a range
