@@ -138,7 +138,7 @@ def write_config(tmp_path: Path, *, name: str = "t", port: int | None = None, co
         name = "{name}"
         storage = "{storage}"
         artifacts = "{tmp_path / (name + '.artifacts')}"
-        {study}
+        {study if "baselines" in study else study + chr(10) + "baselines = false"}
 
         [target]
         url = "http://127.0.0.1:{port}"

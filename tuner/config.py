@@ -99,8 +99,8 @@ class StudyConfig(_Section):
     artifacts: str | None = None  # directory for trial logs (optuna artifact store)
     heartbeat_s: int | None = None  # RDB heartbeat for multi-host studies
     allow_mixed_hardware: bool = False
-    enqueue_current: bool = True  # warm start with the command's own speculative settings
-    baselines: bool = False  # also measure no-speculation and --speculative-adaptive
+    enqueue_current: bool = True  # warm start: the command's own settings and SGLang's default first
+    baselines: bool = True  # also measure no speculation and --speculative-adaptive, once per study
 
     @field_validator("name")
     @classmethod

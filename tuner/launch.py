@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields
 from .config import ServerConfig
 from .space import Params
 
-__all__ = ["LaunchSpec", "launch_spec", "strip_flags", "redact", "SECRET_FLAGS", "SECRET_ENV_HINTS"]
+__all__ = ["LaunchSpec", "launch_spec", "command_spec", "strip_flags", "redact", "SECRET_FLAGS", "SECRET_ENV_HINTS"]
 
 SECRET_FLAGS = ("--api-key", "--admin-api-key", "--ssl-keyfile-password", "--hf-token")
 SECRET_ENV_HINTS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
@@ -70,3 +70,14 @@ def launch_spec(server: ServerConfig, params: Params, *, api_key: str | None = N
         secrets = (api_key,)
     env_secrets = tuple(v for k, v in server.env.items() if any(h in k.upper() for h in SECRET_ENV_HINTS) and len(v) >= 4)
     return LaunchSpec(argv=tuple(argv), env=dict(server.env), params=params, secrets=secrets + env_secrets)
+
+
+def command_spec(server: ServerConfig, argv: list[str], *, api_key: str | None = None) -> LaunchSpec:
+    """A launch of exactly `argv` (a baseline), with the server's env and the API key."""
+    secrets: tuple[str, ...] = ()
+    argv = list(argv)
+    if api_key:
+        argv += ["--api-key", api_key]
+        secrets = (api_key,)
+    env_secrets = tuple(v for k, v in server.env.items() if any(h in k.upper() for h in SECRET_ENV_HINTS) and len(v) >= 4)
+    return LaunchSpec(argv=tuple(argv), env=dict(server.env), secrets=secrets + env_secrets)

@@ -22,7 +22,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 from .config import DEFAULT_CONFIG, apply_overrides, load_config
 from .errors import ConfigError, TunerError
-from .terminal import counts_line, pareto_table, trial_line
+from .baselines import compare
+from .terminal import baselines_table, counts_line, pareto_table, trial_line
 from .samplers import SAMPLERS
 from .space import Params
 from .study import run_study
@@ -137,6 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     names = [o.name for o in result.objectives]
     if any(t.state.name == "COMPLETE" for t in study.trials):
         out.print(pareto_table(study, names))
+        if result.baselines:
+            out.print(baselines_table(result.baselines, names))
+            for comparison in compare(study, result.baselines):
+                for line in comparison.lines:
+                    out.print(line, highlight=False, soft_wrap=True)
     else:
         out.print(f"no trial completed ({counts_line(study)})", highlight=False)
     if result.fatal is not None:

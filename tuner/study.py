@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import time
 from dataclasses import dataclass, field
@@ -19,13 +20,13 @@ from typing import Any, Callable, Protocol
 
 import optuna
 
-from . import artifacts, history, hypervolume, notes
+from . import artifacts, baselines, history, hypervolume, notes
 from .client import ServerClient
 from .config import Config
 from .control import control_for
 from .errors import ConfigError, HostError, LaunchError, MeasureError, TunerError
 from .host import connect
-from .launch import launch_spec, redact
+from .launch import command_spec, launch_spec, redact
 from .measure import Measurement, measure
 from .readiness import wait_ready
 from .samplers import make_sampler
@@ -71,6 +72,7 @@ class RunResult:
     objectives: list[Objective]
     fatal: LaunchError | None = None
     trials_run: int = 0
+    baselines: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
 
@@ -248,6 +250,8 @@ class _TrialRunner:
             self.fatal = exc
             raise
         trial.set_user_attr("startup_s", round(ready.startup_s, 1))
+        if info.args.get("mem_fraction_static") is not None:
+            trial.set_user_attr("server_mem_fraction_static", info.args.get("mem_fraction_static"))
         trial.set_user_attr("max_total_num_tokens", info.max_total_num_tokens)
         trial.set_user_attr("max_running_requests", info.max_running_requests)
         if info.version:
@@ -267,7 +271,10 @@ class _TrialRunner:
             if not status.running:
                 reason += f"; the server exited ({status.exit_code})" if status.exit_code is not None else "; the server is gone"
             trial.set_user_attr("fail_reason", redact(reason, spec.secrets))
-            trial.set_user_attr("log_tail", _tail(self.control.log(), spec.secrets))
+            log = self.control.log()
+            trial.set_user_attr("log_tail", _tail(log, spec.secrets))
+            if re.search(r"out of memory|OutOfMemoryError", log[-200000:], re.I):
+                trial.set_user_attr("failure_kind", "memory_runtime")  # the sampler caps the mem fraction below it
             self._save_log(trial, spec)
             self.control.stop()
             self._note(trial, "FAIL")
@@ -283,6 +290,30 @@ class _TrialRunner:
         self._record_hypervolume(trial, values)
         self._note(trial, "COMPLETE", values)
         return values
+
+    def run_baseline(self, study: optuna.Study, kind: str, argv: list[str]) -> optuna.trial.FrozenTrial:
+        """Measure one baseline like a trial, into the sibling study; never stops the run."""
+        spec = command_spec(self.config.server, argv, api_key=self.api_key)
+        trial = study.ask()
+        trial.set_user_attr("baseline", kind)
+        trial.set_user_attr("launch_command", spec.launch_command)
+        trial.set_user_attr("target", self.config.target.host)
+        trial.set_user_attr("url", self.config.target.url)
+        trial.set_user_attr("worker", WORKER)
+        self.reporter.trial_started(trial.number, Params(), spec.launch_command)
+        self.reporter.phase(f"baseline: {kind.replace('_', ' ')}")
+        try:
+            values = self._run(trial, Params(), spec)
+        except optuna.TrialPruned:
+            return study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        except (LaunchError, MeasureError) as exc:
+            self.fatal = None  # a baseline SGLang cannot run is noted, not a reason to stop
+            trial.set_user_attr("fail_reason", trial.user_attrs.get("fail_reason") or str(exc))
+            return study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        except BaseException:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            raise
+        return study.tell(trial, values)
 
     def _record_hypervolume(self, trial: optuna.Trial, values: list[float]) -> None:
         """The front's normalised hypervolume with this trial in it (the history a study keeps)."""
@@ -367,6 +398,80 @@ def open_study(config: Config, *, sampler_name: str | None = None, seed: int | N
     return study, objectives
 
 
+def _measure_baselines(config: Config, runner: "_TrialRunner", study: optuna.Study, reporter: Reporter) -> dict:
+    """The baselines this study has not measured yet (once per study)."""
+    have = baselines.load(study._storage, study.study_name)
+    missing = [k for k in baselines.KINDS if k not in have or have[k].state != optuna.trial.TrialState.COMPLETE]
+    argvs = {k: baselines.baseline_argv(config.server.argv, k) for k in missing}
+    todo = [k for k in missing if argvs[k] is not None and k not in have]
+    if not todo:
+        return have
+    bstudy = optuna.create_study(study_name=baselines.study_name_for(study.study_name), storage=study._storage,
+                                 directions=["maximize"] * len(runner.objectives), load_if_exists=True)
+    if bstudy.metric_names is None:
+        bstudy.set_metric_names([o.name for o in runner.objectives])
+    for kind in todo:
+        finished = runner.run_baseline(bstudy, kind, argvs[kind])
+        reporter.trial_finished(finished)
+    return baselines.load(study._storage, study.study_name)
+
+
+def _fit(value, space, *, integer: bool):
+    """A value moved into a [space] entry: clipped to a range, or the nearest choice."""
+    from .config import Choices
+
+    if value is None:
+        return None
+    if isinstance(space, Choices):
+        return min(space.choices, key=lambda c: abs(float(c) - float(value)))
+    lo, hi = space.low, space.high
+    value = min(max(value, lo), hi)
+    if integer:
+        return int(round(value))
+    if space.step:
+        value = lo + round((value - lo) / space.step) * space.step
+    return round(value, 6)
+
+
+def warm_start(config: Config, study: optuna.Study, known: dict) -> list[dict]:
+    """Enqueue, on a new study, the operator's current speculative shape and SGLang's own
+    default for the model family, so the first trials already say how good the status quo is."""
+    if study.trials:
+        return []
+    space = config.space
+    argv = config.server.argv
+    current = params_from_argv(argv)
+    steps, topk, draft = baselines.family_default(argv)
+    # Shapes only: the default sampler puts mem_fraction_static at the memory edge itself, and
+    # pinning it here measurably hurts (benchmarks/results/sampler_benchmark.md).
+    candidates = []
+    if current.speculative_num_steps is not None:
+        candidates.append(("current", Params(current.speculative_num_steps, current.speculative_eagle_topk,
+                                             current.speculative_num_draft_tokens, None)))
+    candidates.append(("sglang_default", Params(steps, topk, draft, None)))
+    queued = []
+    for label, p in candidates:
+        params: dict = {}
+        if space.speculative_num_steps is not None:
+            params["speculative_num_steps"] = _fit(p.speculative_num_steps, space.speculative_num_steps, integer=True)
+        if space.speculative_eagle_topk is not None:
+            params["speculative_eagle_topk"] = _fit(p.speculative_eagle_topk or 1, space.speculative_eagle_topk, integer=True)
+        topk_value = params.get("speculative_eagle_topk", p.speculative_eagle_topk or 1)
+        steps_value = params.get("speculative_num_steps", p.speculative_num_steps or 3)
+        if topk_value and topk_value > 1 and p.speculative_num_draft_tokens and (space.speculative_eagle_topk or space.speculative_num_draft_tokens):
+            from .space import draft_token_bounds
+
+            low, high = draft_token_bounds(steps_value, topk_value, space.draft_tokens_bound)
+            params["speculative_num_draft_tokens"] = min(max(p.speculative_num_draft_tokens, low), high)
+        if space.mem_fraction_static is not None and p.mem_fraction_static is not None:
+            params["mem_fraction_static"] = _fit(p.mem_fraction_static, space.mem_fraction_static, integer=False)
+        params = {k: v for k, v in params.items() if v is not None}
+        if params and params not in queued:
+            study.enqueue_trial(params, user_attrs={"warm_start": label}, skip_if_exists=True)
+            queued.append(params)
+    return queued
+
+
 def _stop_rule(patience: int | None, reporter: Reporter) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
     def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         if patience and hypervolume.stalled(study, patience):
@@ -411,6 +516,10 @@ def run_study(
             reporter.run_started(study, config, trials)
             if config.bench.ignore_eos:
                 reporter.warning(IGNORE_EOS_WARNING)
+            known = _measure_baselines(config, runner, study, reporter) if config.study.baselines else {}
+            if config.study.enqueue_current:
+                warm_start(config, study, known)
+            result.baselines = known
             before = len(study.trials)
             try:
                 study.optimize(

@@ -10,7 +10,7 @@ from optuna.trial import FrozenTrial, TrialState
 from rich.markup import escape
 from rich.table import Table
 
-__all__ = ["trial_line", "pareto_table", "counts_line", "fmt", "PARAM_COLUMNS"]
+__all__ = ["trial_line", "pareto_table", "baselines_table", "counts_line", "fmt", "PARAM_COLUMNS"]
 
 PARAM_COLUMNS = (
     ("speculative_num_steps", "steps"),
@@ -47,7 +47,10 @@ def _params_text(trial: FrozenTrial) -> str:
 
 
 def trial_line(trial: FrozenTrial, metric_names: list[str]) -> str:
-    head = f"trial {trial.number:>3} {_params_text(trial):<38}"
+    if trial.user_attrs.get("baseline"):
+        head = f"baseline  {trial.user_attrs['baseline'].replace('_', ' '):<38}"
+    else:
+        head = f"trial {trial.number:>3} {_params_text(trial):<38}"
     if trial.state == TrialState.COMPLETE:
         values = "  ".join(f"{n}={fmt(v)}" for n, v in zip(metric_names, trial.values))
         spread = trial.user_attrs.get("single_tps_spread")
@@ -92,4 +95,23 @@ def pareto_table(study: optuna.Study, metric_names: list[str]) -> Table:
             fmt(t.user_attrs.get("max_total_num_tokens")),
         ]
         table.add_row(*row)
+    return table
+
+
+def baselines_table(baselines: dict[str, FrozenTrial], metric_names: list[str]) -> Table:
+    """The baselines beside the front: same columns of figures."""
+    table = Table(title="Baselines (measured like trials, once per study)", title_justify="left")
+    table.add_column("baseline")
+    for name in metric_names:
+        table.add_column(name, justify="right")
+    table.add_column("accept", justify="right")
+    table.add_column("max_running", justify="right")
+    table.add_column("kv_tokens", justify="right")
+    for kind, t in baselines.items():
+        label = kind.replace("_", " ")
+        if t.state != TrialState.COMPLETE:
+            table.add_row(label, *[escape(t.user_attrs.get("fail_reason", t.state.name))[:60]] + [""] * (len(metric_names) + 2))
+            continue
+        table.add_row(label, *[fmt(v) for v in t.values], fmt(t.user_attrs.get("accept_length"), 2),
+                      fmt(t.user_attrs.get("max_running_requests")), fmt(t.user_attrs.get("max_total_num_tokens")))
     return table
