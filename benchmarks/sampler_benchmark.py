@@ -379,7 +379,7 @@ _RECOMMENDED = "TPESampler(seed=seed, multivariate=True, n_startup_trials=6, con
 CANDIDATES = [
     Candidate("random", lambda s: optuna.samplers.RandomSampler(seed=s), code="RandomSampler(seed=seed)"),
     # Optuna's TPE as the tuner has it now, and variations
-    Candidate("tpe-mv-s6 (tuner now)", _tpe(multivariate=True, n_startup_trials=6, constant_liar=True), code=_RECOMMENDED),
+    Candidate("tpe-mv-s6 (--sampler tpe)", _tpe(multivariate=True, n_startup_trials=6, constant_liar=True), code=_RECOMMENDED),
     Candidate("tpe-mv-s6 no-liar", _tpe(multivariate=True, n_startup_trials=6, constant_liar=False),
               code="TPESampler(seed=seed, multivariate=True, n_startup_trials=6, constant_liar=False)"),
     Candidate("tpe-indep-s10 (optuna default)", _tpe(n_startup_trials=10),
@@ -418,13 +418,13 @@ CANDIDATES = [
               code="MemoryEdgeSampler(TPESampler(seed=seed, multivariate=True, n_startup_trials=4), seed=seed)"),
     Candidate("edge(tpe-mv-s8)", _edge(_tpe(multivariate=True, n_startup_trials=8, constant_liar=True)),
               code="MemoryEdgeSampler(TPESampler(seed=seed, multivariate=True, n_startup_trials=8), seed=seed)"),
-    Candidate("edge(tpe-mv-s6) +warm shape", _edge(_tpe(multivariate=True, n_startup_trials=6, constant_liar=True)),
+    Candidate("auto: edge(tpe-mv-s6) +warm shape (DEFAULT)", _edge(_tpe(multivariate=True, n_startup_trials=6, constant_liar=True)),
               warm_start="shape",
               code=f"MemoryEdgeSampler({_RECOMMENDED}, seed=seed) + enqueue SGLang's default (steps, topk, draft)"),
     Candidate("edge(tpe-mv-s6) +warm full", _edge(_tpe(multivariate=True, n_startup_trials=6, constant_liar=True)),
               warm_start="full",
               code=f"MemoryEdgeSampler({_RECOMMENDED}, seed=seed) + enqueue SGLang's default incl. its mem fraction"),
-    Candidate("edge(tpe-mv-s6) RECOMMENDED", _edge(_tpe(multivariate=True, n_startup_trials=6, constant_liar=True)),
+    Candidate("edge(tpe-mv-s6), no warm start", _edge(_tpe(multivariate=True, n_startup_trials=6, constant_liar=True)),
               code=f"MemoryEdgeSampler({_RECOMMENDED}, seed=seed)"),
 ]
 
@@ -543,8 +543,8 @@ def _verdict(cells: dict[str, Any], main: list[str], pert: list[str]) -> list[st
 
     passing = [c for c in cells if all(at20(c, l) >= TARGET for l in main)]
     out = ["## Verdict", ""]
-    rec = next((c for c in cells if "RECOMMENDED" in c), None)
-    for c in [rec, "random", "tpe-mv-s6 (tuner now)"]:
+    rec = next((c for c in cells if "(DEFAULT)" in c), None)
+    for c in [rec, "random", "tpe-mv-s6 (--sampler tpe)"]:
         if c in cells:
             figures = ", ".join(f"{l} {at20(c, l) * 100:.1f}%" for l in main + pert)
             out.append(f"- **{c}** at 20 trials: {figures}.")

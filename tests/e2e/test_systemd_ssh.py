@@ -265,3 +265,40 @@ def test_a_killed_run_leaves_a_drop_in_that_the_next_run_removes(tmp_path, host)
     info = wait_http(f"http://127.0.0.1:{port}")
     assert info["speculative_num_steps"] == 1  # the operator's command, as before the killed run
     ssh(host, f"systemctl stop {name}; rm -f {path}; systemctl daemon-reload")
+
+
+from ..control_contract import ControlContract  # noqa: E402
+
+
+class TestProcessControlOverSSH(ControlContract):
+    """The process manager on a host without systemd: the same contract as locally, over SSH."""
+
+    @pytest.fixture(autouse=True)
+    def _host(self, host):
+        self.host_env = host
+
+    def make_control(self, tmp_path):
+        from tuner.config import TargetConfig
+        from tuner.control.process import ProcessControl
+        from tuner.host import connect
+
+        h = self.host_env
+        target = TargetConfig(host=f"{h['TH_USER']}@{h['TH_HOST']}:{h['TH_PORT']}", identity_file=h["TH_KEY"], known_hosts=h["TH_KNOWN_HOSTS"])
+        return ProcessControl(connect(target), workdir=f"/tmp/contract-{tmp_path.name}", name="study", stop_timeout_s=5)
+
+
+def test_best_apply_installs_a_drop_in_of_its_own(tmp_path, host):
+    port = free_port()
+    name = f"sglang-f{port}"
+    path = make_unit(host, name, port)
+    before = unit_hash(host, path)
+    cfg = config(tmp_path, host, unit=name, port=port, space="speculative_num_steps = { choices = [3] }")
+    assert run_cli("--trials", "1", "--config", str(cfg)).returncode == 0
+    applied = subprocess.run([os.sys.executable, "-m", "tuner.best", "--config", str(cfg), "--apply"],
+                             capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert applied.returncode == 0, applied.stderr
+    assert wait_http(f"http://127.0.0.1:{port}")["speculative_num_steps"] == 3
+    dropin = ssh(host, f"cat /etc/systemd/system/{name}.service.d/50-sglang-tuner-best.conf").stdout
+    assert "--speculative-num-steps 3" in dropin and "ExecStart=\n" in dropin
+    assert unit_hash(host, path) == before
+    ssh(host, f"systemctl stop {name}; rm -rf {path} /etc/systemd/system/{name}.service.d; systemctl daemon-reload")

@@ -132,15 +132,23 @@ class SystemdControl:
 
     def start(self, spec: LaunchSpec) -> None:
         original = self._original_state()
-        content = render_dropin(spec, original_state=original, study=self.name)
-        tmp = f"{self.dropin}.tmp"
+        self._install(self.dropin, render_dropin(spec, original_state=original, study=self.name))
+        self._restart()
+        self._started = True
+        logger.info("restarted %s with: %s", self.unit, spec.launch_command)
+
+    def _install(self, path: str, content: str) -> None:
+        """Write a drop-in atomically (a half-written file is never loaded) and reload."""
+        tmp = f"{path}.tmp"
         self._run(
-            f"mkdir -p {shlex.quote(self.dropin_dir)} && cat > {shlex.quote(tmp)} && mv -f {shlex.quote(tmp)} {shlex.quote(self.dropin)}",
+            f"mkdir -p {shlex.quote(self.dropin_dir)} && cat > {shlex.quote(tmp)} && mv -f {shlex.quote(tmp)} {shlex.quote(path)}",
             stdin_text=content,
         )
         self._run("systemctl daemon-reload")
-        # A restart as stop + start, so the journal cursor sits between the old instance's
-        # shutdown and the new one's start-up: this trial's log only.
+
+    def _restart(self) -> None:
+        """A restart as stop + start, so the journal cursor sits between the old instance's
+        shutdown and the new one's start-up: this launch's log only."""
         self._run(f"systemctl stop {self.unit}", check=False)
         self._run(f"systemctl reset-failed {self.unit}", check=False)
         self._cursor = self._cursor_now()
@@ -148,8 +156,6 @@ class SystemdControl:
         self._restarts_at_start = int(self._show().get("NRestarts", "0") or 0)
         self._buffer = LogBuffer()
         self._run(f"systemctl start {self.unit}")
-        self._started = True
-        logger.info("restarted %s with: %s", self.unit, spec.launch_command)
 
     def poll(self) -> tuple[ServiceStatus, str]:
         text = ""
@@ -207,19 +213,8 @@ class SystemdControl:
     def apply(self, spec: LaunchSpec, *, study: str) -> str:
         """Install `spec` for good (its own drop-in, outside the tuner's run drop-in) and restart."""
         path = f"{self.dropin_dir}/{APPLIED_NAME}"
-        tmp = f"{path}.tmp"
-        self._run(
-            f"mkdir -p {shlex.quote(self.dropin_dir)} && cat > {shlex.quote(tmp)} && mv -f {shlex.quote(tmp)} {shlex.quote(path)}",
-            stdin_text=render_dropin(spec, original_state=None, study=study),
-        )
-        self._run("systemctl daemon-reload")
-        self._run(f"systemctl stop {self.unit}", check=False)
-        self._run(f"systemctl reset-failed {self.unit}", check=False)
-        self._cursor = self._cursor_now()
-        self._since = self._run("date +%s", sudo=False).stdout.strip() or "0"
-        self._restarts_at_start = int(self._show().get("NRestarts", "0") or 0)
-        self._buffer = LogBuffer()
-        self._run(f"systemctl start {self.unit}")
+        self._install(path, render_dropin(spec, original_state=None, study=study))
+        self._restart()
         return path
 
     def restore(self) -> None:

@@ -210,6 +210,15 @@ async def _stream(state: ServerState, req: Request, latency: _Latency | None) ->
             engine._wake.set()
 
 
+async def _collect(state: ServerState, req: Request, latency: _Latency | None) -> tuple[str, str | None, int | None]:
+    """A whole non-streaming answer: its text, finish reason and matched stop."""
+    texts, finish, matched = [], None, None
+    async for chunk in _stream(state, req, latency):
+        texts.append(chunk.text)
+        finish, matched = chunk.finish_reason, chunk.matched_stop
+    return "".join(texts), finish, matched
+
+
 def _sampling(body: dict[str, Any], default_max: int) -> dict[str, Any]:
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or default_max
     temperature = body.get("temperature")
@@ -495,14 +504,10 @@ def build_app(state: ServerState) -> Starlette:
             return _error(503, "The server is not healthy.", "ServiceUnavailableError")
 
         if not body.get("stream"):
-            texts, finish, matched = [], None, None
             try:
-                async for chunk in _stream(state, req, latency):
-                    texts.append(chunk.text)
-                    finish, matched = chunk.finish_reason, chunk.matched_stop
+                text, finish, matched = await _collect(state, req, latency)
             except EngineDead as exc:
                 return _error(500, f"Internal server error: {exc}", "InternalServerError")
-            text = "".join(texts)
             choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish, "matched_stop": matched}
             if chat:
                 choice["message"] = {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": None}
@@ -602,14 +607,11 @@ def build_app(state: ServerState) -> Starlette:
             return info
 
         if not body.get("stream"):
-            texts, finish, matched = [], None, None
             try:
-                async for chunk in _stream(state, req, latency):
-                    texts.append(chunk.text)
-                    finish, matched = chunk.finish_reason, chunk.matched_stop
+                text, finish, matched = await _collect(state, req, latency)
             except EngineDead as exc:
                 return _error(500, f"Internal server error: {exc}", "InternalServerError")
-            return JSONResponse({"text": "".join(texts), "output_ids": list(range(req.generated)), "meta_info": meta(finish, matched)})
+            return JSONResponse({"text": text, "output_ids": list(range(req.generated)), "meta_info": meta(finish, matched)})
 
         async def events() -> AsyncIterator[str]:
             acc = []
