@@ -47,7 +47,7 @@ import sys
 import time
 import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -553,7 +553,7 @@ def _verdict(cells: dict[str, Any], main: list[str], pert: list[str]) -> list[st
                + (", ".join(f"`{c}`" for c in passing) if passing else "none") + ".")
     if pert:
         robust = [c for c in passing if all(at20(c, l) >= TARGET - 0.02 for l in pert)]
-        out.append(f"Of those, within 2 points of the bar on every perturbed landscape too: "
+        out.append("Of those, within 2 points of the bar on every perturbed landscape too: "
                    + (", ".join(f"`{c}`" for c in robust) if robust else "none") + ".")
     out.append("")
     return out

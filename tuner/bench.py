@@ -14,7 +14,6 @@ import math
 import os
 import shlex
 import sys
-import time
 
 from rich.console import Console
 from rich.markup import escape

@@ -21,7 +21,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from .config import DEFAULT_CONFIG, apply_overrides, load_config
-from .errors import ConfigError, TunerError
+from .errors import TunerError
 from .baselines import compare
 from .terminal import baselines_table, counts_line, pareto_table, trial_line
 from .samplers import SAMPLERS

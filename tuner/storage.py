@@ -7,7 +7,6 @@ is created.  PostgreSQL needs the optional `postgres` extra (psycopg2).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import optuna

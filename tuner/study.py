@@ -15,7 +15,6 @@ import re
 import socket
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Protocol
 
 import optuna
@@ -24,7 +23,7 @@ from . import artifacts, baselines, history, hypervolume, notes
 from .client import ServerClient
 from .config import Config
 from .control import control_for
-from .errors import ConfigError, HostError, LaunchError, MeasureError, TunerError
+from .errors import ConfigError, HostError, LaunchError, MeasureError
 from .host import connect
 from .launch import command_spec, launch_spec, redact
 from .measure import Measurement, measure
@@ -474,6 +473,7 @@ def warm_start(config: Config, study: optuna.Study, known: dict) -> list[dict]:
 
 def _stop_rule(patience: int | None, reporter: Reporter) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
     def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        recover_stale_trials(study, reporter)  # a same-host worker that died since
         if patience and hypervolume.stalled(study, patience):
             reporter.warning(f"the last {patience} trials grew the front's hypervolume by under 1%: stopping (--patience {patience})")
             study.stop()

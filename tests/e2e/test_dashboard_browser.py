@@ -8,7 +8,6 @@ import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -57,7 +56,7 @@ def _page_text(drv, url: str, needle: str, timeout: float = 30) -> str:
 
 
 def test_pareto_front_and_a_trial_note_render(tmp_path, browser):
-    config = write_config(tmp_path, space="speculative_num_steps = { choices = [1, 3] }\nmem_fraction_static = { choices = [0.86, 0.97] }")
+    config = write_config(tmp_path, space="speculative_num_steps = { choices = [1, 3] }\nmem_fraction_static = { choices = [0.86, 0.88] }")
     result = run_cli("--trials", "4", "--config", str(config), "--seed", "2")
     assert result.returncode == 0, result.stderr
     port = free_port()

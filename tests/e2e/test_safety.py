@@ -3,7 +3,6 @@ secrets, and a dashboard reading the sqlite store during a run."""
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess

@@ -7,9 +7,7 @@ TUNER_REQUIRE_SERVICES=1 (CI), where a missing host is a failure.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import shlex
 import subprocess
 import textwrap
 import threading

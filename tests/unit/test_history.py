@@ -1,8 +1,6 @@
 """Earlier trials settle proposals without a restart."""
 
-import optuna
 from optuna.trial import TrialState, create_trial
-from optuna.distributions import IntDistribution
 
 from tuner.history import check
 from tuner.space import Params

@@ -2,7 +2,7 @@
 
 import optuna
 import pytest
-from optuna.trial import TrialState, create_trial
+from optuna.trial import create_trial
 
 from tuner.hypervolume import history, hypervolume, stalled
 from tuner.picks import pick

@@ -1,6 +1,5 @@
 """Benchmark arithmetic and the objectives, on hand-built samples."""
 
-import math
 
 import pytest
 
