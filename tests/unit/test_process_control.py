@@ -1,6 +1,8 @@
 """ProcessControl on this machine, through the same Shell the SSH path uses."""
 
 import os
+import signal
+import subprocess
 import time
 
 from tuner.config import TargetConfig
@@ -29,7 +31,18 @@ class TestLocalProcessControl(ControlContract):
         control = self.make_control(tmp_path)
         state = tmp_path / "state" / "study"
         state.mkdir(parents=True)
-        # The pid file names our own test process: not a server of ours, must survive.
+        # A foreign process group whose leader has exited (as a CI runner's shell can be),
+        # named by a stale pid file: it must survive our stop().
+        foreign = subprocess.Popen(["setsid", "sh", "-c", "sleep 30 & echo $$"], stdout=subprocess.PIPE, text=True)
+        group = int(foreign.stdout.readline())
+        foreign.wait()
+        try:
+            (state / "server.pid").write_text(str(group))
+            control.stop()
+            assert not (state / "server.pid").exists()
+            os.killpg(group, 0)  # still alive: raises ProcessLookupError if we killed it
+        finally:
+            os.killpg(group, signal.SIGKILL)
+        # Our own test process group is never signalled either.
         (state / "server.pid").write_text(str(os.getpgrp()))
         control.stop()
-        assert not (state / "server.pid").exists()

@@ -3,9 +3,10 @@
 The server runs as `nohup setsid sh -c '<env> <command>; echo $? > exit_code'` in a state
 directory (`[target] workdir`/<study>): its own session and process group (so stopping it
 takes every child, as SGLang's scheduler processes must go too), its output in `server.log`,
-its pid in `server.pid`, its exit status in `exit_code`.  A pid file found at start is a server
-an earlier (killed) run left behind; it is stopped first, after checking the pid still belongs
-to that server.
+its pid in `server.pid`, its exit status in `exit_code`, and `SGLANG_TUNER_STATE=<that
+directory>` in its environment.  A pid file found at start is a server an earlier (killed) run
+left behind; it is stopped first, but only if a process of that group carries the marker: a
+reused pid belongs to someone else.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ __all__ = ["ProcessControl"]
 logger = logging.getLogger(__name__)
 
 _CHUNK = 1 << 20
+MARKER = "SGLANG_TUNER_STATE"  # set in the server's environment: which state directory owns it
 
 
 class ProcessControl:
@@ -63,8 +65,10 @@ class ProcessControl:
 
     def start(self, spec: LaunchSpec) -> None:
         self.stop()  # ours from the previous trial, or one a killed run left behind
-        env = " ".join(shlex.quote(f"{k}={v}") for k, v in spec.env.items())
-        inner = f"cd {self._q('')} && exec env {env} {spec.shell_command()}" if env else f"cd {self._q('')} && exec {spec.shell_command()}"
+        # The marker variable tells our processes from any other that reuses the pid later.
+        env_vars = {**spec.env, MARKER: self.dir}
+        env = " ".join(shlex.quote(f"{k}={v}") for k, v in env_vars.items())
+        inner = f"cd {self._q('')} && exec env {env} {spec.shell_command()}"
         # The wrapper shell waits for the server and records how it ended.
         wrapper = f"sh -c {shlex.quote(inner)}; echo $? > {self._q('exit_code')}"
         script = (
@@ -113,12 +117,15 @@ class ProcessControl:
     def stop(self) -> None:
         """SIGTERM the server's process group, SIGKILL it after the grace period."""
         pid_file = self._q("server.pid")
+        mark = shlex.quote(f"{MARKER}={self.dir}")
         check = (
             f"pid=$(cat {pid_file} 2>/dev/null || true); "
-            # Only a process group whose leader is our wrapper (its command mentions our state
-            # directory) is ours; a reused pid belongs to someone else.
-            f'if [ -n "$pid" ] && kill -0 -"$pid" 2>/dev/null && tr "\\0" " " < /proc/"$pid"/cmdline 2>/dev/null | grep -qF {shlex.quote(self.dir)}; then echo "$pid"; '
-            f'elif [ -n "$pid" ] && kill -0 -"$pid" 2>/dev/null && [ ! -e /proc/"$pid" ]; then echo "$pid"; fi'
+            # The group is ours only if one of its processes carries our marker in its
+            # environment: a pid (and group id) reused by someone else must never be signalled.
+            'if [ -n "$pid" ] && kill -0 -"$pid" 2>/dev/null; then '
+            'for p in $(pgrep -g "$pid" 2>/dev/null); do '
+            f'if tr "\\0" "\\n" < /proc/"$p"/environ 2>/dev/null | grep -qxF {mark}; then echo "$pid"; break; fi; '
+            "done; fi"
         )
         pid = self.shell.run(check).stdout.strip()
         if not pid.isdigit():
