@@ -348,29 +348,44 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def recover_stale_trials(study: optuna.Study, reporter: "Reporter") -> list[int]:
-    """RUNNING trials whose tuner on this machine was killed (-9, OOM, power): mark them FAIL
-    and queue their parameters again, so no measurement is lost and nothing stays RUNNING.
+def _heartbeat_stale_ids(study: optuna.Study) -> set[int]:
+    """Trials whose worker stopped sending Optuna heartbeats (any machine)."""
+    from optuna.storages._heartbeat import BaseHeartbeat, is_heartbeat_enabled
 
-    Trials of tuners on other machines are left to Optuna's heartbeat (`[study] heartbeat_s`).
-    """
+    storage = study._storage
+    if not isinstance(storage, BaseHeartbeat) or not is_heartbeat_enabled(storage):
+        return set()
+    return set(storage._get_stale_trial_ids(study._study_id))
+
+
+def recover_stale_trials(study: optuna.Study, reporter: "Reporter") -> list[int]:
+    """RUNNING trials whose tuner is gone: killed on this machine (its pid is dead), or silent
+    elsewhere (no heartbeat for the grace period).  They are marked FAIL with a fail_reason and
+    their parameters queued again, so no measurement is lost and nothing stays RUNNING.
+
+    Runs before Optuna's own stale-trial check (which would fail them without a reason)."""
     retried = []
     host = socket.gethostname()
+    stale = _heartbeat_stale_ids(study)
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         worker = t.user_attrs.get("worker", "")
         name, _, pid = worker.rpartition(":")
-        if name != host or not pid.isdigit() or int(pid) == os.getpid() or _pid_alive(int(pid)):
+        if t._trial_id in stale:
+            reason = f"interrupted: its worker {worker or '?'} stopped sending heartbeats; retried"
+        elif name == host and pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            reason = f"interrupted: the tuner running it (pid {pid}) is gone; retried"
+        else:
             continue
         storage = study._storage
         try:
-            storage.set_trial_user_attr(t._trial_id, "fail_reason", f"interrupted: the tuner running it (pid {pid}) is gone; retried")
+            storage.set_trial_user_attr(t._trial_id, "fail_reason", reason)
             if not storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL):
                 continue
         except (optuna.exceptions.UpdateFinishedTrialError, RuntimeError):
             continue  # another worker got there first
         study.enqueue_trial(t.params, user_attrs={"retry_of": t.number}, skip_if_exists=False)
         retried.append(t.number)
-        reporter.warning(f"trial {t.number} was left RUNNING by a killed run (pid {pid}): marked FAIL and queued again")
+        reporter.warning(f"trial {t.number} was left RUNNING ({reason}): marked FAIL and queued again")
     return retried
 
 

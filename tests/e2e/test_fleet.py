@@ -78,6 +78,7 @@ def test_two_workers_share_a_study_and_a_killed_one_loses_nothing(tmp_path, post
     failed = [t for t in trials if t.state == TrialState.FAIL]
     assert failed, "the killed worker's trial should have been failed by the heartbeat"
     for t in failed:
+        assert t.user_attrs.get("fail_reason", "").startswith("interrupted"), t.user_attrs
         # Retried by Optuna's heartbeat (failed_trial) or by the same-host pid check (retry_of).
         retries = [r for r in trials if t.number in (r.system_attrs.get("failed_trial"), r.user_attrs.get("retry_of"))]
         assert retries and all(r.state in (TrialState.COMPLETE, TrialState.PRUNED) for r in retries), (t.number, [r.state for r in retries])

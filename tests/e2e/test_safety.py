@@ -88,7 +88,7 @@ def test_a_killed_tuner_is_recovered_by_the_next_run(tmp_path):
     assert _port_open(port)  # the dead tuner's server is still up
     again = run_cli("--trials", "1", "--config", str(config))
     assert again.returncode == 0, again.stderr
-    assert "left RUNNING by a killed run" in again.stderr
+    assert "was left RUNNING (interrupted: the tuner running it" in again.stderr
     trials = _study(tmp_path).trials
     stale = trials[2]
     assert stale.state == TrialState.FAIL and "interrupted: the tuner running it" in stale.user_attrs["fail_reason"]
