@@ -55,9 +55,13 @@ class ServerClient:
         self.close()
 
     def health_generate(self, timeout_s: float = 30.0) -> int | None:
-        """HTTP status of /health_generate (200 once the server generates), None if unreachable."""
+        """HTTP status of /health_generate (200 once the server generates), None if unreachable.
+        A server without that route (404) is asked /health instead."""
         try:
-            return self._http.get("/health_generate", timeout=timeout_s).status_code
+            status = self._http.get("/health_generate", timeout=timeout_s).status_code
+            if status == 404:
+                status = self._http.get("/health", timeout=timeout_s).status_code
+            return status
         except httpx.HTTPError:
             return None
 
@@ -127,8 +131,9 @@ class ServerClient:
         except (httpx.HTTPError, ValueError):
             return None
 
-    def flush_cache(self, *, attempts: int = 20, wait_s: float = 0.25) -> None:
-        """Flush; SGLang refuses (400) while requests run, so retry briefly."""
+    def flush_cache(self, *, attempts: int = 20, wait_s: float = 0.25) -> bool:
+        """Flush; SGLang refuses (400) while requests run, so retry briefly.  False when the
+        server has no such route (the accept length then includes the warm-up)."""
         last = ""
         for _ in range(attempts):
             try:
@@ -136,7 +141,10 @@ class ServerClient:
             except httpx.HTTPError as exc:
                 raise MeasureError(f"{self.url}/flush_cache: {exc}; the server stopped answering") from exc
             if res.status_code == 200:
-                return
+                return True
+            if res.status_code in (404, 405):
+                logger.warning("%s has no /flush_cache: the accept length includes the warm-up", self.url)
+                return False
             last = res.text.strip()
             time.sleep(wait_s)
         raise MeasureError(f"{self.url}/flush_cache kept refusing ({last[:100]}); is other traffic reaching this server?")

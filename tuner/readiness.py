@@ -103,8 +103,13 @@ def _drain_log(control: ServiceControl, wait_s: float = 3.0) -> str:
 
 
 def check_server_args(info: ServerInfo, params: Params, url: str) -> None:
-    """Refuse to measure a server that does not run the trial's flags (another server on the port)."""
+    """Refuse to measure a server that does not run the trial's flags (another server on the port).
+
+    Only the shape's identity (steps, topk) is compared: a server may round the mem fraction or
+    resolve draft tokens its own way without being someone else's."""
     for key, wanted in params.as_dict().items():
+        if key not in ("speculative_num_steps", "speculative_eagle_topk"):
+            continue
         got = info.args.get(key)
         if got is None:
             continue  # a server that does not report the field: nothing to compare
