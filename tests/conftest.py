@@ -167,3 +167,16 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict
     full_env.update(env or {})
     return subprocess.run([PYTHON, "-m", "tuner.optimize", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=cwd or REPO, env=full_env)
+
+
+def wait_serving(port: int, timeout: float = 60) -> None:
+    """Until a server on this port answers /health_generate with 200."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health_generate", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"no server became ready on port {port} within {timeout} s")

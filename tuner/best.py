@@ -25,7 +25,7 @@ from .host import connect
 from .launch import launch_spec
 from .picks import PICKS, pick
 from .readiness import wait_ready
-from .storage import storage_for_url
+from .storage import load_existing_study
 
 __all__ = ["main"]
 
@@ -44,10 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         config = apply_overrides(load_config(args.config), study_name=args.study_name, storage=args.storage)
-        try:
-            study = optuna.load_study(study_name=config.study.name, storage=storage_for_url(config.storage_url))
-        except KeyError:
-            raise TunerError(f"no study {config.study.name!r} in {config.storage_url}; run python -m tuner.optimize first") from None
+        study = load_existing_study(config)
         try:
             choice = pick(study, args.pick)
         except ValueError as exc:

@@ -27,7 +27,7 @@ from .history import params_of
 from .hypervolume import study_history
 from .picks import measured_front, pick
 from .space import Params
-from .storage import storage_for_url
+from .storage import load_existing_study
 from .terminal import PARAM_COLUMNS, fmt
 
 __all__ = ["Report", "Table", "Choice", "Plot", "build", "write_html", "write_markdown", "default_out", "main"]
@@ -523,16 +523,6 @@ def default_out(config: Config) -> Path:
     return Path("studies") / f"{config.study.name}.report"
 
 
-def _load(config: Config) -> optuna.Study:
-    url = config.storage_url
-    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).expanduser().exists():
-        raise TunerError(f"{url[len('sqlite:///'):]}: no such study database; run python -m tuner.optimize first, or pass --storage")
-    try:
-        return optuna.load_study(study_name=config.study.name, storage=storage_for_url(url))
-    except KeyError:
-        raise TunerError(f"no study {config.study.name!r} in {url.split('@')[-1]}; pass --study-name, or run python -m tuner.optimize first") from None
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tuner.report", description="Write a study as a self-contained HTML page and a Markdown report with plots.")
     p.add_argument("--config", default=DEFAULT_CONFIG, help=f"study config (default {DEFAULT_CONFIG})")
@@ -545,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
     out = None
     try:
         config = apply_overrides(load_config(args.config), study_name=args.study_name, storage=args.storage)
-        study = _load(config)
+        study = load_existing_study(config)
         report = build(study, sampler=config.study.sampler, target=f"{config.target.host} ({config.target.manager}), {config.target.url}")
         out = Path(args.out) if args.out else default_out(config)
         paths = [write_html(report, out / "report.html"), *write_markdown(report, out / "report.md")]

@@ -16,7 +16,7 @@ from sqlalchemy.exc import NoSuchModuleError
 from .config import Config
 from .errors import ConfigError
 
-__all__ = ["open_storage", "storage_for_url", "SQLITE_TIMEOUT_S"]
+__all__ = ["open_storage", "storage_for_url", "load_existing_study", "SQLITE_TIMEOUT_S"]
 
 SQLITE_TIMEOUT_S = 60
 
@@ -87,3 +87,16 @@ def open_storage(config: Config) -> optuna.storages.BaseStorage:
     if heartbeat is None and not config.storage_url.startswith("sqlite"):
         heartbeat = DEFAULT_HEARTBEAT_S
     return storage_for_url(config.storage_url, heartbeat_s=heartbeat or None)
+
+
+def load_existing_study(config: Config) -> optuna.Study:
+    """The config's study, for commands that read one (report, best); never creates a database."""
+    from .errors import TunerError
+
+    url = config.storage_url
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).expanduser().exists():
+        raise TunerError(f"{url[len('sqlite:///'):]}: no such study database; run python -m tuner.optimize first, or pass --storage")
+    try:
+        return optuna.load_study(study_name=config.study.name, storage=storage_for_url(url))
+    except KeyError:
+        raise TunerError(f"no study {config.study.name!r} in {url.split('@')[-1]}; pass --study-name, or run python -m tuner.optimize first") from None

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
-import httpx
 import optuna
 import pytest
 from optuna.trial import TrialState
 
-from ..conftest import PYTHON, REPO, free_port, run_cli, write_config
+from ..conftest import PYTHON, REPO, free_port, run_cli, wait_serving, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
@@ -57,14 +55,7 @@ def test_two_workers_share_a_study_and_a_killed_one_loses_nothing(tmp_path, post
     doomed = _worker(configs[0], study_name, postgres, 6)
     steady = _worker(configs[1], study_name, postgres, 6)
     # Kill the first worker while its first measured trial's server runs.
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{ports[0]}/health_generate", timeout=5).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
+    wait_serving(ports[0], timeout=120)
     doomed.kill()
     doomed.wait()
     out, err = steady.communicate(timeout=600)

@@ -16,7 +16,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from ..conftest import PYTHON, REPO, free_port, run_cli, write_config
+from ..conftest import PYTHON, REPO, free_port, run_cli, wait_serving, write_config
 
 pytestmark = pytest.mark.e2e
 
@@ -38,24 +38,12 @@ def _start_cli(config: Path, trials: int = 3) -> subprocess.Popen:
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _wait_serving(port: int, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health_generate", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError("the trial's server never came up")
-
-
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupt_records_the_trial_and_stops_the_server(tmp_path, sig):
     port = free_port()
     config = write_config(tmp_path, port=port, env=SLOW_TRIAL_ENV, bench="max_tokens = 400\nsingle_requests = 4\nconcurrency = 4\nconcurrent_requests = 16")
     proc = _start_cli(config)
-    _wait_serving(port)
+    wait_serving(port)
     time.sleep(1.0)  # mid-benchmark
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)
@@ -82,7 +70,7 @@ def test_a_killed_tuner_is_recovered_by_the_next_run(tmp_path):
     slow = config.read_text().replace('SGLANG_EMULATOR_TIME_SCALE = "0.25"', 'SGLANG_EMULATOR_TIME_SCALE = "1"')
     config.write_text(slow)
     proc = _start_cli(config, trials=1)
-    _wait_serving(port)
+    wait_serving(port)
     proc.kill()
     proc.wait()
     assert _port_open(port)  # the dead tuner's server is still up
