@@ -112,6 +112,18 @@ def pytest_runtest_makereport(item, call):
     setattr(item, f"rep_{rep.when}", rep)
 
 
+# A [bench] section that measures in seconds: enough to exercise every phase, not to rank configs.
+FAST_BENCH = textwrap.dedent("""
+    max_tokens = 48
+    single_requests = 2
+    single_min_passes = 1
+    single_max_passes = 2
+    concurrency = 4
+    concurrent_requests = 8
+    warmup_requests = 1
+""")
+
+
 def write_config(tmp_path: Path, *, name: str = "t", port: int | None = None, command_flags: str = "--speculative-algorithm NEXTN",
                  space: str | None = None, bench: str | None = None, target: str = "", study: str = "",
                  env: str = 'SGLANG_EMULATOR_LOAD_SCALE = "0.005", SGLANG_EMULATOR_TIME_SCALE = "0.25"',
@@ -124,15 +136,7 @@ def write_config(tmp_path: Path, *, name: str = "t", port: int | None = None, co
         speculative_eagle_topk = { choices = [1, 2] }
         mem_fraction_static = { low = 0.80, high = 0.90, step = 0.02 }
     """)
-    bench = bench if bench is not None else textwrap.dedent("""
-        max_tokens = 48
-        single_requests = 2
-        single_min_passes = 1
-        single_max_passes = 2
-        concurrency = 4
-        concurrent_requests = 8
-        warmup_requests = 1
-    """)
+    bench = bench if bench is not None else FAST_BENCH
     text = textwrap.dedent(f"""
         [study]
         name = "{name}"

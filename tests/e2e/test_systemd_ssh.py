@@ -19,7 +19,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from ..conftest import REPO, free_port, run_cli
+from ..conftest import FAST_BENCH, REPO, free_port, run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ssh]
 
@@ -108,13 +108,7 @@ def config(tmp_path: Path, host, *, unit: str, port: int, user: str | None = Non
         {space}
 
         [bench]
-        max_tokens = 48
-        single_requests = 2
-        single_min_passes = 1
-        single_max_passes = 2
-        concurrency = 4
-        concurrent_requests = 8
-        warmup_requests = 1
+        {FAST_BENCH}
     """)
     path = tmp_path / "study.toml"
     path.write_text(text)
