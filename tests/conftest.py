@@ -184,3 +184,76 @@ def wait_serving(port: int, timeout: float = 60) -> None:
             pass
         time.sleep(0.2)
     raise AssertionError(f"no server became ready on port {port} within {timeout} s")
+
+
+def stop_servers_left_in(directory: Path, timeout: float = 15) -> list[int]:
+    """Stop the process groups whose pid files (server.pid, written by the process manager) lie
+    under `directory`: a server a test deliberately left running (`best --apply`, a worker killed
+    with -9).  Only a group whose leader was started in that pid file's directory is signalled, so
+    a stale pid that the system has reused is never touched."""
+    stopped = []
+    for pid_file in directory.rglob("server.pid"):
+        try:
+            group = int(pid_file.read_text().strip())
+            leader = Path(f"/proc/{group}/cmdline").read_bytes().decode(errors="replace")
+        except (ValueError, OSError):
+            continue
+        if str(pid_file.parent) not in leader or group == os.getpgid(0):
+            continue
+        os.killpg(group, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and _group_alive(group):
+            time.sleep(0.1)
+        if _group_alive(group):
+            os.killpg(group, signal.SIGKILL)
+        stopped.append(group)
+    return stopped
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    # Zombies still count for killpg; a group of zombies is as good as gone.
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                stat = (proc / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[2]) == group and fields[0] != "Z":
+                return True
+    return False
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_server_left_behind(tmp_path_factory):
+    """At the end of the run, no emulator started from a test's directory may still be running:
+    the tuner promises to leave the target as it found it, and a leaked server would hold a port
+    (on a real host: the GPUs).  Leftovers are stopped and reported as an error of the run."""
+    yield
+    base = str(tmp_path_factory.getbasetemp())
+    deadline = time.monotonic() + 10  # a server may still be in its graceful shutdown
+    while True:
+        left = {}
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                group = os.getpgid(int(proc.name))
+            except (OSError, ProcessLookupError):
+                continue
+            if base in cmdline and "tuner.emulator" in cmdline and _group_alive(group):
+                left[group] = cmdline.strip()
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    for group in left:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert not left, "servers left running by the tests (now killed):\n" + "\n".join(f"  group {g}: {c[:200]}" for g, c in left.items())

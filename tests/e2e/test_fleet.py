@@ -11,7 +11,15 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from ..conftest import PYTHON, REPO, free_port, run_cli, wait_serving, write_config
+from ..conftest import (
+    PYTHON,
+    REPO,
+    free_port,
+    run_cli,
+    stop_servers_left_in,
+    wait_serving,
+    write_config,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
@@ -61,7 +69,7 @@ def test_two_workers_share_a_study_and_a_killed_one_loses_nothing(tmp_path, post
     out, err = steady.communicate(timeout=600)
     assert steady.returncode == 0, err
     # The dead worker's server is still up on its port: nobody else owns it; stop it here.
-    subprocess.run(["pkill", "-f", f"--port {ports[0]}"], check=False)
+    assert stop_servers_left_in(tmp_path / "w0"), "the killed worker's server should still be running"
 
     study = optuna.load_study(study_name=study_name, storage=postgres)
     trials = study.trials
