@@ -478,11 +478,10 @@ def simulate(landscape_name: str, candidate_name: str, seed: int, n_trials: int 
             study.enqueue_trial(warm)
         if cand.warm_start == "shape+min":
             # the smallest speculative shape: the most KV capacity any speculative config has
-            sp = lands.space
-            vals = lambda x: (x.values() if hasattr(x, "values") else x.choices) if x is not None else [None]
-            low = {"speculative_num_steps": min(vals(sp.speculative_num_steps)),
-                   "speculative_eagle_topk": min(vals(sp.speculative_eagle_topk))}
-            study.enqueue_trial({k: v for k, v in low.items() if v is not None})
+            smallest = {name: min(entry.values() if hasattr(entry, "values") else entry.choices)
+                        for name in ("speculative_num_steps", "speculative_eagle_topk")
+                        if (entry := getattr(lands.space, name)) is not None}
+            study.enqueue_trial(smallest)
     true_points: list[np.ndarray] = []
     counts = {"launches": 0, "duplicate": 0, "ruled_out": 0, "memory_kv": 0, "memory_graph": 0, "invalid": 0}
     at: dict[int, dict[str, float]] = {}

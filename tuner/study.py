@@ -21,7 +21,7 @@ import optuna
 
 from . import artifacts, baselines, history, hypervolume, notes
 from .client import ServerClient
-from .config import Config
+from .config import Choices, Config
 from .control import control_for
 from .errors import ConfigError, HostError, LaunchError, MeasureError
 from .host import connect
@@ -30,7 +30,7 @@ from .measure import Measurement, measure
 from .readiness import wait_ready
 from .samplers import make_sampler
 from .score import Objective, load_objectives, score
-from .space import Params, check_compatible, params_from_argv, suggest
+from .space import Params, check_compatible, draft_token_bounds, params_from_argv, suggest
 from .storage import open_storage
 from .workload import Workload, load_workload
 
@@ -432,8 +432,6 @@ def _measure_baselines(config: Config, runner: "_TrialRunner", study: optuna.Stu
 
 def _fit(value, space, *, integer: bool):
     """A value moved into a [space] entry: clipped to a range, or the nearest choice."""
-    from .config import Choices
-
     if value is None:
         return None
     if isinstance(space, Choices):
@@ -447,7 +445,7 @@ def _fit(value, space, *, integer: bool):
     return round(value, 6)
 
 
-def warm_start(config: Config, study: optuna.Study, known: dict) -> list[dict]:
+def warm_start(config: Config, study: optuna.Study) -> list[dict]:
     """Enqueue, on a new study, the operator's current speculative shape and SGLang's own
     default for the model family, so the first trials already say how good the status quo is."""
     if study.trials:
@@ -473,8 +471,6 @@ def warm_start(config: Config, study: optuna.Study, known: dict) -> list[dict]:
         topk_value = params.get("speculative_eagle_topk", p.speculative_eagle_topk or 1)
         steps_value = params.get("speculative_num_steps", p.speculative_num_steps or 3)
         if topk_value and topk_value > 1 and p.speculative_num_draft_tokens and (space.speculative_eagle_topk or space.speculative_num_draft_tokens):
-            from .space import draft_token_bounds
-
             low, high = draft_token_bounds(steps_value, topk_value, space.draft_tokens_bound)
             params["speculative_num_draft_tokens"] = min(max(p.speculative_num_draft_tokens, low), high)
         if space.mem_fraction_static is not None and p.mem_fraction_static is not None:
@@ -533,7 +529,7 @@ def run_study(
                 reporter.warning(IGNORE_EOS_WARNING)
             known = _measure_baselines(config, runner, study, reporter) if config.study.baselines else {}
             if config.study.enqueue_current:
-                warm_start(config, study, known)
+                warm_start(config, study)
             result.baselines = known
             before = len(study.trials)
             try:

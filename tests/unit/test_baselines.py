@@ -34,6 +34,6 @@ def test_warm_start_queues_the_current_config_and_sglangs_default_inside_the_spa
                        'speculative_num_steps = { low = 1, high = 6 }\nspeculative_eagle_topk = { choices = [1, 2, 4] }\n'
                        'mem_fraction_static = { low = 0.70, high = 0.92, step = 0.01 }\n')
     study = optuna.create_study(directions=["maximize"] * 3)
-    queued = warm_start(cfg, study, {})
+    queued = warm_start(cfg, study)
     assert queued == [{"speculative_num_steps": 2, "speculative_eagle_topk": 1}, {"speculative_num_steps": 3, "speculative_eagle_topk": 1}]
-    assert warm_start(cfg, study, {}) == []  # only a new study is warm-started
+    assert warm_start(cfg, study) == []  # only a new study is warm-started
