@@ -4,7 +4,7 @@
 PY ?= python3
 VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
-# The demo's launch command says `python -m tuner.emulator`: it must find the venv's python.
+# The demo's launch command says `python -m sglang_emulator`: it must find the venv's python.
 export PATH := $(BIN):$(PATH)
 TRIALS ?= 20
 
@@ -13,7 +13,7 @@ TRIALS ?= 20
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test,postgres]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test,postgres,emulator]'
 	touch $@
 
 install: $(VENV)/.installed

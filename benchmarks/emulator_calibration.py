@@ -26,8 +26,8 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tuner.emulator import model as m  # noqa: E402
-from tuner.emulator.profiles import PROFILES  # noqa: E402
+from sglang_emulator import model as m  # noqa: E402
+from sglang_emulator.profiles import PROFILES  # noqa: E402
 
 SEED = {1: (123, 455_357, 26), 2: (186, 377_207, 21), 3: (234, 295_931, 17)}
 H200 = {(1, 1): 4.60, (1, 16): 4.83, (8, 8): 5.06, (32, 4): 6.59, (32, 16): 14.03, (64, 8): 14.35, (128, 8): 26.35, (128, 16): 52.34}
@@ -82,7 +82,7 @@ def live_table(console: Console) -> None:
         table.add_column(col, justify="right")
     for steps, (seed_tps, seed_tokens, seed_running) in SEED.items():
         port = 31000 + steps
-        argv = [sys.executable, "-m", "tuner.emulator", "--model-path", "Qwen/Qwen3.5-122B-A10B", "--tp", "4", "--port", str(port),
+        argv = [sys.executable, "-m", "sglang_emulator", "--model-path", "Qwen/Qwen3.5-122B-A10B", "--tp", "4", "--port", str(port),
                 "--speculative-algorithm", "NEXTN", "--speculative-num-steps", str(steps), "--speculative-eagle-topk", "1",
                 "--speculative-num-draft-tokens", str(steps + 1)]
         proc = subprocess.Popen(argv, env={**os.environ, "SGLANG_EMULATOR_LOAD_SCALE": "0.005"}, stdout=subprocess.DEVNULL,

@@ -12,7 +12,7 @@ torch and `OMP_NUM_THREADS=1` (torch's threads otherwise fight the process pool:
     python -m venv /tmp/gpvenv && /tmp/gpvenv/bin/pip install -e . torch
     OMP_NUM_THREADS=1 /tmp/gpvenv/bin/python benchmarks/sampler_benchmark.py   # ~24 min
 
-Offline, on the emulator's performance model (`tuner/emulator/landscape.py::expect`): no server
+Offline, on the emulator's performance model (`sglang_emulator/landscape.py::expect`): no server
 is started.  One run is one tuner study, replayed with `study.ask()` / `study.tell()` exactly as
 `tuner/study.py::_TrialRunner` records trials:
 
@@ -68,9 +68,9 @@ from optuna.trial import TrialState  # noqa: E402
 from tuner import history  # noqa: E402
 from tuner.samplers import MemoryEdgeSampler  # noqa: E402
 from tuner.config import SpaceConfig, load_config  # noqa: E402
-from tuner.emulator import landscape as L  # noqa: E402
-from tuner.emulator import model as M  # noqa: E402
-from tuner.emulator.profiles import PROFILES, profile_from_dict  # noqa: E402
+from sglang_emulator import landscape as L  # noqa: E402
+from sglang_emulator import model as M  # noqa: E402
+from sglang_emulator.profiles import PROFILES, profile_from_dict  # noqa: E402
 from tuner.space import Params, grid, params_from_argv, suggest  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"

@@ -86,7 +86,7 @@ def start_emulator(tmp_path, request):
 
     def start(*flags: str, env: dict[str, str] | None = None, model: str = "Qwen/Qwen3.5-122B-A10B", port: int | None = None) -> Emulator:
         port = port or free_port()
-        argv = [PYTHON, "-m", "tuner.emulator", "--model-path", model, "--host", "127.0.0.1", "--port", str(port), *flags]
+        argv = [PYTHON, "-m", "sglang_emulator", "--model-path", model, "--host", "127.0.0.1", "--port", str(port), *flags]
         if model.startswith("Qwen/Qwen3.5") and "--tp" not in flags and "--tp-size" not in flags:
             argv += ["--tp", "4"]
         log_path = tmp_path / f"emulator-{port}.log"
@@ -152,7 +152,7 @@ def write_config(tmp_path: Path, *, name: str = "t", port: int | None = None, co
         {target}
 
         [server]
-        command = "{PYTHON} -m tuner.emulator --model-path {model} --host 127.0.0.1 --port {port} {command_flags}"
+        command = "{PYTHON} -m sglang_emulator --model-path {model} --host 127.0.0.1 --port {port} {command_flags}"
         env = {{ {env} }}
 
         [space]
@@ -247,7 +247,7 @@ def no_server_left_behind(tmp_path_factory):
             except (OSError, ProcessLookupError):
                 continue
             # a zombie's cmdline is empty, so a match is a live process of the group
-            if base in cmdline and "tuner.emulator" in cmdline:
+            if base in cmdline and "sglang_emulator" in cmdline:
                 left[group] = cmdline.strip()
         if not left or time.monotonic() > deadline:
             break

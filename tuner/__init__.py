@@ -4,7 +4,7 @@ Public API (pinned by tests/unit/test_public_api.py):
     load_config(path) -> Config        run_study(config, trials=N) -> RunResult
     Config, TunerError and its subclasses
 
-Imports are lazy so that `python -m tuner.emulator` on a test host needs only the emulator's
+Imports are lazy so that `python -m sglang_emulator` on a test host needs only the emulator's
 own dependencies.
 """
 

@@ -12,8 +12,8 @@ import pytest
 
 from tuner.client import ServerClient
 from tuner.config import parse_config
-from tuner.emulator import model as m
-from tuner.emulator.profiles import PROFILES
+from sglang_emulator import model as m
+from sglang_emulator.profiles import PROFILES
 from tuner.measure import measure
 from tuner.workload import load_workload
 

@@ -24,7 +24,7 @@ from ..conftest import FAST_BENCH, REPO, free_port, run_cli
 pytestmark = [pytest.mark.e2e, pytest.mark.ssh]
 
 ENV_FILE = REPO / ".ci" / ".testhost" / "env"
-EMU = "/opt/sglang-emu/bin/python -m tuner.emulator --model-path Qwen/Qwen3.5-122B-A10B --tp 4 --host 127.0.0.1"
+EMU = "/opt/sglang-emu/bin/python -m sglang_emulator --model-path Qwen/Qwen3.5-122B-A10B --tp 4 --host 127.0.0.1"
 
 
 @pytest.fixture(scope="module")

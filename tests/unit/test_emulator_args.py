@@ -2,8 +2,8 @@
 
 import pytest
 
-from tuner.emulator.args import parse_args, resolve
-from tuner.emulator.profiles import PROFILES, find_profile
+from sglang_emulator.args import parse_args, resolve
+from sglang_emulator.profiles import PROFILES, find_profile
 
 QWEN = PROFILES["qwen3.5-122b-a10b"]
 

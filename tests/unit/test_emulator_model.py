@@ -2,9 +2,9 @@
 
 import pytest
 
-from tuner.emulator import model as m
-from tuner.emulator.landscape import Workload, expect
-from tuner.emulator.profiles import PROFILES
+from sglang_emulator import model as m
+from sglang_emulator.landscape import Workload, expect
+from sglang_emulator.profiles import PROFILES
 
 QWEN = PROFILES["qwen3.5-122b-a10b"]
 LLAMA = PROFILES["llama-3.1-8b-instruct"]

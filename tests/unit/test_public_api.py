@@ -17,7 +17,7 @@ def test_public_api_is_pinned():
 
 
 def test_emulator_imports_nothing_of_the_tuner_and_no_tuner_dependencies():
-    code = "import sys, tuner.emulator.__main__, tuner.emulator.server; bad = [m for m in ('optuna', 'fabric', 'openai', 'scipy', 'tuner.config') if m in sys.modules]; print(bad)"
+    code = "import sys, sglang_emulator.__main__, sglang_emulator.server; bad = [m for m in ('optuna', 'fabric', 'openai', 'scipy', 'tuner.config') if m in sys.modules]; print(bad)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
 

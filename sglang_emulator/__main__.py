@@ -1,4 +1,4 @@
-"""`python -m tuner.emulator <sglang serve flags>`: an SGLang 0.5.23 server without a GPU.
+"""`python -m sglang_emulator <sglang serve flags>`: an SGLang 0.5.23 server without a GPU.
 
 The launcher behaves like `sglang.launch_server`: argparse errors exit 2; resolution errors
 print a traceback and exit 1; a scheduler process loads the (simulated) weights, sizes the KV
@@ -272,7 +272,7 @@ async def _serve(resolved: Resolved, plan: m.MemoryPlan, time_scale: float, chil
         for rank in range(resolved.dp)
     ]
     state = ServerState(resolved, plan, engines, time_scale)
-    state.launch_command = shlex.join([sys.executable, "-m", "tuner.emulator", *sys.argv[1:]])
+    state.launch_command = shlex.join([sys.executable, "-m", "sglang_emulator", *sys.argv[1:]])
     fault = os.environ.get("SGLANG_EMULATOR_FAULT")
     if fault:
         _install_fault(engines, fault, children)
