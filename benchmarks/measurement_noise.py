@@ -26,15 +26,10 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tuner.client import ServerClient  # noqa: E402
 from tuner.config import load_config  # noqa: E402
-from tuner.control import control_for  # noqa: E402
-from tuner.host import connect  # noqa: E402
-from tuner.launch import launch_spec  # noqa: E402
-from tuner.measure import measure  # noqa: E402
-from tuner.readiness import wait_ready  # noqa: E402
-from tuner.space import Params  # noqa: E402
-from tuner.workload import load_workload  # noqa: E402
+from tuner.measure.workload import load_workload  # noqa: E402
+from tuner.sequence import connected, launch, measure_server  # noqa: E402
+from tuner.sglang_args import Params  # noqa: E402
 
 
 def cv(values: list[float]) -> float:
@@ -56,18 +51,14 @@ def main() -> None:
     }
     rows = {}
     console = Console(width=160)
-    shell = connect(config.target)
-    client = ServerClient(config.target.url)
-    with control_for(config, shell) as control, Progress(console=console, transient=True) as progress:
-        control.prepare()
+    with connected(config) as target, Progress(console=console, transient=True) as progress:
         task = progress.add_task("measuring", total=args.runs * len(modes))
         for name, bench in modes.items():
             single, steady, whole, seconds, passes = [], [], [], [], []
             for _ in range(args.runs):
-                control.start(launch_spec(config.server, params))
-                ready = wait_ready(control, client, params=params, timeout_s=120, poll_s=0.2)
+                ready = launch(target, target.spec(params))
                 started = time.monotonic()
-                m = measure(url=config.target.url, bench=bench, info=ready.info, workload=workload, client=client)
+                m = measure_server(target, ready.info, workload, bench=bench)
                 seconds.append(time.monotonic() - started)
                 single.append(m.single_tps)
                 steady.append(m.concurrent_tps)

@@ -65,13 +65,14 @@ import numpy as np  # noqa: E402
 import optuna  # noqa: E402
 from optuna.trial import TrialState  # noqa: E402
 
-from tuner import history  # noqa: E402
-from tuner.samplers import MemoryEdgeSampler  # noqa: E402
+from tuner.search import history  # noqa: E402
+from tuner.search.samplers import MemoryEdgeSampler  # noqa: E402
 from tuner.config import SpaceConfig, load_config  # noqa: E402
 from sglang_emulator import landscape as L  # noqa: E402
 from sglang_emulator import model as M  # noqa: E402
 from sglang_emulator.profiles import PROFILES, profile_from_dict  # noqa: E402
-from tuner.space import Params, grid, params_from_argv, suggest  # noqa: E402
+from tuner.search.space import grid, suggest  # noqa: E402
+from tuner.sglang_args import Params  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 BUDGETS = (10, 20, 40)
@@ -259,7 +260,7 @@ class Landscape:
 def _space(spec: LandscapeSpec) -> tuple[SpaceConfig, Params]:
     if spec.space == "demo":
         cfg = load_config(ROOT / "studies" / "demo.toml")
-        return cfg.space, params_from_argv(cfg.server.argv)
+        return cfg.space, cfg.server.command_line.params()
     return SpaceConfig.model_validate(spec.space), Params()
 
 

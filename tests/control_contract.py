@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 
-from tuner.launch import LaunchSpec
+from tuner.target.launch import LaunchSpec
 
 
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.1):

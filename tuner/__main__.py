@@ -2,6 +2,6 @@
 
 import sys
 
-from .optimize import main
+from tuner.optimize import main
 
 sys.exit(main())

@@ -11,26 +11,21 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shlex
 import sys
 
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .client import ServerClient
-from .config import DEFAULT_CONFIG, load_config
-from .control import control_for
-from .errors import ConfigError, LaunchError, TunerError
-from .host import connect
-from .launch import launch_spec
-from .measure import Measurement, measure
-from .readiness import wait_ready
-from .terminal import fmt
-from .score import load_objectives, score
-from .space import Params
-from .workload import load_workload
+from tuner.cli import consoles, guarded
+from tuner.config import DEFAULT_CONFIG, load_config
+from tuner.errors import ConfigError
+from tuner.measure.objectives import load_objectives, score
+from tuner.measure.runner import Measurement, measure
+from tuner.measure.workload import load_workload
+from tuner.results.terminal import fmt
+from tuner.sequence import connected, launch_and_measure
+from tuner.target.client import ServerClient
 
 __all__ = ["main", "measurement_table", "warnings_for"]
 
@@ -76,63 +71,59 @@ def warnings_for(m: Measurement, bench) -> list[str]:
     return out
 
 
+def _measure(args, err) -> tuple:
+    config = load_config(args.config)
+    objectives = load_objectives(config.study.objectives, config.bench.concurrency_levels)
+    workload = load_workload(config.bench.prompts, seed=config.bench.seed, base_dir=config.base_dir)
+    def phase(text: str) -> None:  # one line per finished benchmark phase ("single 4/4")
+        done, _, total = text.rpartition(" ")[2].partition("/")
+        if done and done == total:
+            err.print(f"  {text}", highlight=False)
+
+    if args.flags is None:
+        client = ServerClient(config.target.url, api_key=config.target.api_key())
+        try:
+            if client.health_generate(timeout_s=30) != 200:
+                raise ConfigError(f"nothing ready answers at {config.target.url}; start the server, or pass --flags to launch it")
+            m = measure(url=config.target.url, bench=config.bench, info=client.server_info(), workload=workload, client=client,
+                        api_key=config.target.api_key())
+        finally:
+            client.close()
+        return config, objectives, m
+    try:
+        extra = shlex.split(args.flags)
+    except ValueError as exc:
+        raise ConfigError(f"--flags: {exc}") from None
+    with connected(config) as target:
+        spec = target.spec(config.server.command_line.params(), extra=extra)
+        err.print(f"launching: {spec.launch_command}", highlight=False, markup=False)
+        ready, m = launch_and_measure(target, spec, workload, phase=phase)
+        err.print(f"ready in {ready.startup_s:.1f} s", highlight=False)
+    return config, objectives, m
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tuner.bench", description=__doc__.splitlines()[0])
-    p.add_argument("--config", default=DEFAULT_CONFIG)
+    p = argparse.ArgumentParser(prog="python -m tuner.bench", description="Measure one server, no study.")
+    p.add_argument("--config", default=DEFAULT_CONFIG, help=f"study config (default {DEFAULT_CONFIG})")
     p.add_argument("--flags", help="launch the config's command with these flags instead of measuring the running server")
     p.add_argument("--json", action="store_true", help="print the measurement as JSON")
     args = p.parse_args(argv)
-    err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
-    out = Console(width=None if sys.stdout.isatty() else 200)
-    try:
-        config = load_config(args.config)
-        objectives = load_objectives(config.study.objectives, config.bench.concurrency_levels)
-        workload = load_workload(config.bench.prompts, seed=config.bench.seed, base_dir=config.base_dir)
-        api_key = os.environ.get(config.target.api_key_env) if config.target.api_key_env else None
-        client = ServerClient(config.target.url, api_key=api_key)
-        progress = lambda phase, done, total: err.print(f"  {phase} {done}/{total}", highlight=False) if done == total else None  # noqa: E731
-        if args.flags is None:
-            if client.health_generate(timeout_s=30) != 200:
-                raise ConfigError(f"nothing ready answers at {config.target.url}; start the server, or pass --flags to launch it")
-            info = client.server_info()
-            m = measure(url=config.target.url, bench=config.bench, info=info, workload=workload, client=client, api_key=api_key, progress=progress)
+    out, err = consoles()
+
+    def body() -> int:
+        config, objectives, m = _measure(args, err)
+        if args.json:
+            out.print_json(json.dumps({"single_tps": m.single_tps, "single_ci95": m.single_ci95, "concurrent_tps": m.concurrent_tps_by_level,
+                                       "accept_length": m.accept_length, "max_total_num_tokens": m.max_total_num_tokens,
+                                       "max_running_requests": m.max_running_requests, "ttft_ms": m.ttft_ms, "itl_p99_ms": m.itl_p99_ms,
+                                       "greedy_inflation": m.greedy_inflation, "objectives": dict(zip([o.name for o in objectives], score(objectives, m)))}))
         else:
-            try:
-                extra = shlex.split(args.flags)
-            except ValueError as exc:
-                raise ConfigError(f"--flags: {exc}") from None
-            spec = launch_spec(config.server, Params(), api_key=api_key, extra=extra)
-            err.print(f"launching: {spec.launch_command}", highlight=False, markup=False)
-            shell = connect(config.target)
-            try:
-                with control_for(config, shell) as control:
-                    control.prepare()
-                    control.start(spec)
-                    ready = wait_ready(control, client, params=Params(), timeout_s=config.target.ready_timeout_s,
-                                       poll_s=config.target.poll_interval_s, url=config.target.url)
-                    err.print(f"ready in {ready.startup_s:.1f} s", highlight=False)
-                    m = measure(url=config.target.url, bench=config.bench, info=ready.info, workload=workload, client=client,
-                                api_key=api_key, progress=progress)
-            finally:
-                shell.close()
-    except LaunchError as exc:
-        err.print(f"error: {exc.reason}", highlight=False, markup=False)
-        return 2
-    except TunerError as exc:
-        err.print(f"error: {exc}", highlight=False, markup=False)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    if args.json:
-        out.print_json(json.dumps({"single_tps": m.single_tps, "single_ci95": m.single_ci95, "concurrent_tps": m.concurrent_tps_by_level,
-                                   "accept_length": m.accept_length, "max_total_num_tokens": m.max_total_num_tokens,
-                                   "max_running_requests": m.max_running_requests, "ttft_ms": m.ttft_ms, "itl_p99_ms": m.itl_p99_ms,
-                                   "greedy_inflation": m.greedy_inflation, "objectives": dict(zip([o.name for o in objectives], score(objectives, m)))}))
-    else:
-        out.print(measurement_table(m, objectives))
-    for warning in warnings_for(m, config.bench):
-        err.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False, soft_wrap=True)
-    return 0
+            out.print(measurement_table(m, objectives))
+        for warning in warnings_for(m, config.bench):
+            err.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False, soft_wrap=True)
+        return 0
+
+    return guarded(body)
 
 
 if __name__ == "__main__":

@@ -6,43 +6,62 @@
               systemd: a drop-in of its own (50-sglang-tuner-best.conf), daemon-reload, restart;
               process: start the command with these flags and leave it running.
 
-Ties within measurement noise go to the configuration with fewer draft tokens (tuner/picks.py).
+Ties within measurement noise go to the configuration with fewer draft tokens (tuner/results/picks.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
-from .client import ServerClient
-from .config import DEFAULT_CONFIG, apply_overrides, load_config
-from .control.process import ProcessControl
-from .control.systemd import APPLIED_NAME, SystemdControl, render_dropin
-from .errors import LaunchError, TunerError
-from .history import params_of
-from .host import connect
-from .launch import launch_spec
-from .picks import PICKS, pick
-from .readiness import wait_ready
-from .storage import load_existing_study
+import optuna
+
+from tuner.cli import guarded
+from tuner.config import DEFAULT_CONFIG, apply_overrides, load_config
+from tuner.errors import TunerError
+from tuner.results.picks import PICKS, pick
+from tuner.results.storage import load_existing_study
+from tuner.results.record import params_of
+from tuner.sequence import connected, launch
+from tuner.target.control.process import ProcessControl
+from tuner.target.control.systemd import APPLIED_NAME, SystemdControl, render_dropin
+from tuner.target.launch import launch_spec
+from tuner.target.readiness import wait_ready
 
 __all__ = ["main"]
 
 
+def _apply(config, params) -> None:
+    """Install `params` on the target for good and wait until the server is ready on them."""
+    def control(shell):
+        if config.target.manager == "systemd":
+            return SystemdControl(shell, unit=config.target.unit, name=config.study.name, stop_timeout_s=config.target.stop_timeout_s)
+        return ProcessControl(shell, workdir=config.target.workdir, name=f"{config.study.name}-best", stop_timeout_s=config.target.stop_timeout_s)
+
+    with connected(config, control=control, prepare=False, restore=False) as target:
+        spec = target.spec(params)
+        if isinstance(target.control, SystemdControl):
+            where = target.control.apply(spec, study=config.study.name)
+            ready = wait_ready(target.control, target.client, params=params, timeout_s=config.target.ready_timeout_s,
+                               poll_s=config.target.poll_interval_s, url=config.target.url)
+        else:
+            ready = launch(target, spec)
+            where = f"{target.control.dir}/server.log"
+    print(f"applied: ready in {ready.startup_s:.0f} s at {config.target.url} ({where})", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tuner.best", description=__doc__.splitlines()[0])
-    p.add_argument("--config", default=DEFAULT_CONFIG)
-    p.add_argument("--study-name")
-    p.add_argument("--storage")
-    p.add_argument("--pick", choices=PICKS, default="balanced")
-    p.add_argument("--format", choices=("flags", "command", "systemd"), default="flags")
+    p = argparse.ArgumentParser(prog="python -m tuner.best", description="The configuration of a study to put into production.")
+    p.add_argument("--config", default=DEFAULT_CONFIG, help=f"study config (default {DEFAULT_CONFIG})")
+    p.add_argument("--study-name", help="overrides [study] name")
+    p.add_argument("--storage", help="overrides [study] storage")
+    p.add_argument("--pick", choices=PICKS, default="balanced", help="which trial of the front (default balanced)")
+    p.add_argument("--format", choices=("flags", "command", "systemd"), default="flags", help="how to print it (default flags)")
     p.add_argument("--apply", action="store_true", help="install it on the target and wait until ready")
     args = p.parse_args(argv)
-    import optuna
-
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
+
+    def body() -> int:
         config = apply_overrides(load_config(args.config), study_name=args.study_name, storage=args.storage)
         study = load_existing_study(config)
         try:
@@ -50,42 +69,19 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             raise TunerError(str(exc)) from None
         params = params_of(choice.trial)
-        api_key = os.environ.get(config.target.api_key_env) if config.target.api_key_env else None
-        spec = launch_spec(config.server, params, api_key=api_key)
         print(f"# trial {choice.trial.number} ({args.pick}): {choice.reason}", file=sys.stderr)
         if args.format == "flags":
             print(" ".join(params.flags()))
         elif args.format == "command":
-            print(spec.launch_command)
+            print(launch_spec(config.server, params, api_key=config.target.api_key()).launch_command)
         else:
-            unit = config.target.unit or "<unit>"
-            print(f"# /etc/systemd/system/{unit}.service.d/{APPLIED_NAME}")
+            print(f"# /etc/systemd/system/{config.target.unit or '<unit>'}.service.d/{APPLIED_NAME}")
             print(render_dropin(launch_spec(config.server, params), original_state=None, study=config.study.name), end="")
         if args.apply:
-            shell = connect(config.target)
-            client = ServerClient(config.target.url, api_key=api_key)
-            try:
-                if config.target.manager == "systemd":
-                    control = SystemdControl(shell, unit=config.target.unit, name=config.study.name, stop_timeout_s=config.target.stop_timeout_s)
-                    where = control.apply(spec, study=config.study.name)
-                else:
-                    control = ProcessControl(shell, workdir=config.target.workdir, name=f"{config.study.name}-best",
-                                             stop_timeout_s=config.target.stop_timeout_s)
-                    control.start(spec)
-                    where = f"{control.dir}/server.log"
-                ready = wait_ready(control, client, params=params, timeout_s=config.target.ready_timeout_s,
-                                   poll_s=config.target.poll_interval_s, url=config.target.url)
-            finally:
-                client.close()
-                shell.close()
-            print(f"applied: ready in {ready.startup_s:.0f} s at {config.target.url} ({where})", file=sys.stderr)
-    except LaunchError as exc:
-        print(f"error: the applied configuration did not come up: {exc.reason}", file=sys.stderr)
-        return 2
-    except TunerError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+            _apply(config, params)
+        return 0
+
+    return guarded(body, launch_prefix="the applied configuration did not come up: ")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The study config: TOML -> typed, frozen sections; every check on the user's input lives here.
 
-The layout is fixed by `../shared/contract.md` ([study], [target], [server], [space], [bench]);
+The layout is fixed by `docs/contract.md` ([study], [target], [server], [space], [bench]);
 keys beyond the contract's are documented in the README.  pydantic does the type work (it is
 already installed with openai); messages are rewritten into one line that names the file, the
 section, the key and the fix.
@@ -18,7 +18,8 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import ConfigError
+from tuner.errors import ConfigError
+from tuner.sglang_args import SEARCHABLE_ALGORITHMS, CommandLine
 
 __all__ = [
     "Config",
@@ -170,6 +171,11 @@ class TargetConfig(_Section):
     def is_remote(self) -> bool:
         return self.host != "local"
 
+    def api_key(self) -> str | None:
+        """The server's API key, from the environment variable `api_key_env` names (never
+        from a file the study could record)."""
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
 
 class ServerConfig(_Section):
     command: str
@@ -202,6 +208,11 @@ class ServerConfig(_Section):
     @property
     def argv(self) -> list[str]:
         return shlex.split(self.command)
+
+    @property
+    def command_line(self) -> CommandLine:
+        """The command as SGLang reads it (abbreviations, `--flag=value`, last one wins)."""
+        return CommandLine.parse(self.argv)
 
 
 class SpaceConfig(_Section):
@@ -354,14 +365,22 @@ def _parse(path: str, text: str, base_dir: str) -> Config:
 
 def _check_cross(config: Config) -> None:
     """Checks that need more than one section."""
-    argv = config.server.argv
+    command = config.server.command_line
     spec_searched = [k for k in config.space.searched if k.startswith("speculative_")]
-    has_algo = any(a == "--speculative-algorithm" or a.startswith("--speculative-algo") for a in argv)
-    if spec_searched and not has_algo:
+    algorithm = command.algorithm
+    if spec_searched and algorithm is None:
         raise ConfigError(
             f"{config.path} [server] command: has no --speculative-algorithm, so the searched "
             f"{', '.join(spec_searched)} would be ignored; add e.g. --speculative-algorithm EAGLE3 "
             "(or NEXTN for MTP models)"
+        )
+    if spec_searched and algorithm not in SEARCHABLE_ALGORITHMS:
+        # SGLang overrides the shape for these (speculative_hook.py: _handle_ngram forces topk to
+        # --speculative-ngram-max-bfs-breadth; DFLASH and DSPARK force steps = topk = 1), so a
+        # search over steps/topk/draft tokens would measure flags the server ignores.
+        raise ConfigError(
+            f"{config.path} [server] command: --speculative-algorithm {algorithm} is outside the search "
+            f"(SGLang overrides its steps/topk); use one of {', '.join(SEARCHABLE_ALGORITHMS)}, or search only mem_fraction_static"
         )
     if config.target.manager == "process" and config.target.is_remote and config.target.leave_best:
         raise ConfigError(f"{config.path} [target] leave_best: applies to manager = \"systemd\" only")

@@ -13,9 +13,9 @@ import os
 import socket
 import sys
 
-from .config import DEFAULT_CONFIG, load_config
-from .errors import TunerError
-from .storage import storage_for_url
+from tuner.config import DEFAULT_CONFIG, load_config
+from tuner.errors import TunerError
+from tuner.results.storage import storage_for_url
 
 __all__ = ["main", "tunnel_command"]
 

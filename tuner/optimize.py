@@ -20,13 +20,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from .config import DEFAULT_CONFIG, apply_overrides, load_config
-from .errors import TunerError
-from .baselines import compare
-from .terminal import baselines_table, counts_line, pareto_table, trial_line
-from .samplers import SAMPLERS
-from .space import Params
-from .study import run_study
+from tuner.cli import EXIT_INTERRUPTED, consoles, error
+from tuner.config import DEFAULT_CONFIG, apply_overrides, load_config
+from tuner.errors import TunerError
+from tuner.results.baselines import compare
+from tuner.results.terminal import baselines_table, counts_line, pareto_table, trial_line
+from tuner.search.samplers import SAMPLERS
+from tuner.sglang_args import Params
+from tuner.study import run_study
 
 __all__ = ["main", "build_parser"]
 
@@ -113,12 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    # Wide enough for the Pareto table when the output is a file or a pipe (CI logs).
-    err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
-    out = Console(width=None if sys.stdout.isatty() else 200)
+    out, err = consoles()
     if args.trials < 0:
-        err.print("error: --trials must be >= 0", highlight=False)
-        return 2
+        return error("--trials must be >= 0")
     # SIGTERM (systemd stop, kill) unwinds like Ctrl-C, so the target is restored.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -129,11 +127,10 @@ def main(argv: list[str] | None = None) -> int:
             result = run_study(config, trials=args.trials, sampler_name=args.sampler, seed=args.seed,
                                reporter=reporter, timeout_s=args.timeout, patience=args.patience)
     except TunerError as exc:
-        err.print(f"error: {exc}", highlight=False, markup=False)
-        return 2
+        return error(str(exc))
     except KeyboardInterrupt:
         err.print("interrupted: the running trial is recorded as FAIL (interrupted); the target was restored", highlight=False)
-        return 130
+        return EXIT_INTERRUPTED
     study = result.study
     names = [o.name for o in result.objectives]
     if any(t.state.name == "COMPLETE" for t in study.trials):
@@ -146,8 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         out.print(f"no trial completed ({counts_line(study)})", highlight=False)
     if result.fatal is not None:
-        err.print(f"error: {result.fatal.reason}", highlight=False, markup=False)
-        return 2
+        return error(result.fatal.reason)
     return 0
 
 

@@ -10,12 +10,12 @@ import textwrap
 import optuna
 import pytest
 
-from tuner.client import ServerClient
+from tuner.target.client import ServerClient
 from tuner.config import parse_config
 from sglang_emulator import model as m
 from sglang_emulator.profiles import PROFILES
-from tuner.measure import measure
-from tuner.workload import load_workload
+from tuner.measure.runner import measure
+from tuner.measure.workload import load_workload
 
 from ..conftest import REPO, run_cli, write_config
 

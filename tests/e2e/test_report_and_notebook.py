@@ -23,8 +23,8 @@ from optuna.distributions import FloatDistribution, IntDistribution
 from optuna.trial import TrialState, create_trial
 
 from tuner import report
-from tuner.history import params_of
-from tuner.picks import measured_front, pick
+from tuner.results.record import params_of
+from tuner.results.picks import measured_front, pick
 
 from ..conftest import PYTHON, REPO, run_cli, write_config
 
@@ -107,7 +107,7 @@ def test_report_has_the_front_the_picks_with_flags_and_every_plot(study_config, 
     for t in front:
         assert f"<td>{t.user_attrs['max_total_num_tokens']:,}</td>" in table
 
-    # Best per objective and the balanced pick, with tuner.picks' choice and the exact flags.
+    # Best per objective and the balanced pick, with tuner.results.picks' choice and the exact flags.
     for how in [*names, "balanced"]:
         chosen = pick(study, how)
         flags = " ".join(params_of(chosen.trial).flags())

@@ -271,8 +271,8 @@ class TestProcessControlOverSSH(ControlContract):
 
     def make_control(self, tmp_path):
         from tuner.config import TargetConfig
-        from tuner.control.process import ProcessControl
-        from tuner.host import connect
+        from tuner.target.control.process import ProcessControl
+        from tuner.target.host import connect
 
         h = self.host_env
         target = TargetConfig(host=f"{h['TH_USER']}@{h['TH_HOST']}:{h['TH_PORT']}", identity_file=h["TH_KEY"], known_hosts=h["TH_KNOWN_HOSTS"])
@@ -292,5 +292,24 @@ def test_best_apply_installs_a_drop_in_of_its_own(tmp_path, host):
     assert wait_http(f"http://127.0.0.1:{port}")["speculative_num_steps"] == 3
     dropin = ssh(host, f"cat /etc/systemd/system/{name}.service.d/50-sglang-tuner-best.conf").stdout
     assert "--speculative-num-steps 3" in dropin and "ExecStart=\n" in dropin
+    assert unit_hash(host, path) == before
+    ssh(host, f"systemctl stop {name}; rm -rf {path} /etc/systemd/system/{name}.service.d; systemctl daemon-reload")
+
+
+def test_leave_best_keeps_the_studys_best_applied_as_best_apply_would(tmp_path, host):
+    port = free_port()
+    name = f"sglang-g{port}"
+    path = make_unit(host, name, port)
+    before = unit_hash(host, path)
+    cfg = config(tmp_path, host, unit=name, port=port, space="speculative_num_steps = { choices = [4] }",
+                 extra_target="leave_best = true")
+    result = run_cli("--trials", "1", "--config", str(cfg))
+    assert result.returncode == 0, result.stderr
+    assert "leave_best: trial 0" in result.stderr
+    # The run's drop-in is gone; the best configuration sits in a drop-in of its own and runs.
+    assert ssh(host, f"test -e /etc/systemd/system/{name}.service.d/zz-sglang-tuner.conf", check=False).returncode != 0
+    dropin = ssh(host, f"cat /etc/systemd/system/{name}.service.d/50-sglang-tuner-best.conf").stdout
+    assert "--speculative-num-steps 4" in dropin
+    assert wait_http(f"http://127.0.0.1:{port}")["speculative_num_steps"] == 4
     assert unit_hash(host, path) == before
     ssh(host, f"systemctl stop {name}; rm -rf {path} /etc/systemd/system/{name}.service.d; systemctl daemon-reload")

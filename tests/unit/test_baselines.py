@@ -2,9 +2,10 @@
 
 import optuna
 
-from tuner.baselines import baseline_argv, family_default
+from tuner.results.baselines import baseline_argv
+from tuner.sglang_args import family_default
 from tuner.config import parse_config
-from tuner.study import warm_start
+from tuner.search.warm_start import warm_start
 
 CMD = ["python3", "-m", "sglang.launch_server", "--model-path", "Qwen/Qwen3.5-122B-A10B", "--tp", "4",
        "--speculative-algorithm", "NEXTN", "--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
@@ -25,8 +26,11 @@ def test_adaptive_keeps_the_algorithm_and_lets_sglang_choose_steps():
 
 
 def test_family_defaults_follow_sglangs_auto_choice():
-    assert family_default(CMD) == (3, 1, 4)
-    assert family_default(["x", "--model", "meta-llama/Llama-3.1-8B-Instruct"]) == (5, 4, 8)
+    assert family_default("Qwen3_5MoeForConditionalGeneration") == (3, 1, 4)
+    assert family_default("LlamaForCausalLM") == (5, 4, 8)
+    assert family_default("Grok1ForCausalLM") == (5, 4, 8)
+    assert family_default("Llama4ForConditionalGeneration") == (3, 1, 4)
+    assert family_default("LlamaForCausalLM", "STANDALONE") == (3, 1, 4)
 
 
 def test_warm_start_queues_the_current_config_and_sglangs_default_inside_the_space():

@@ -2,7 +2,7 @@
 
 import httpx
 
-from tuner.client import ServerClient
+from tuner.target.client import ServerClient
 
 
 def _client(handler) -> ServerClient:

@@ -81,7 +81,7 @@ def test_repo_configs_load():
 
 
 def test_storage_passwords_are_refused():
-    from tuner.storage import storage_for_url
+    from tuner.results.storage import storage_for_url
 
     with pytest.raises(ConfigError, match="holds a password; keep it out of configs"):
         storage_for_url("postgresql://tuner:hunter2@db.example/optuna")

@@ -9,7 +9,7 @@ from sglang_emulator.profiles import PROFILES
 QWEN = PROFILES["qwen3.5-122b-a10b"]
 LLAMA = PROFILES["llama-3.1-8b-instruct"]
 
-# ../shared/notes/h200-forward-times.md, linear layers only: (B, d) -> ms
+# docs/h200-forward-times.md, linear layers only: (B, d) -> ms
 H200_LINEAR = {
     (1, 1): 4.60, (1, 4): 4.74, (1, 16): 4.83, (8, 1): 4.78, (8, 8): 5.06, (8, 16): 6.58,
     (16, 8): 6.57, (32, 4): 6.59, (32, 8): 8.04, (32, 16): 14.03, (64, 2): 6.58, (64, 8): 14.35,

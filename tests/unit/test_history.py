@@ -2,8 +2,8 @@
 
 from optuna.trial import TrialState, create_trial
 
-from tuner.history import check
-from tuner.space import Params
+from tuner.search.history import check
+from tuner.sglang_args import Params
 
 
 def _trial(number, params: Params, state, kind=None, values=None):

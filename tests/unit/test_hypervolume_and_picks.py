@@ -4,8 +4,8 @@ import optuna
 import pytest
 from optuna.trial import create_trial
 
-from tuner.hypervolume import history, hypervolume, stalled
-from tuner.picks import pick
+from tuner.results.hypervolume import history, hypervolume, stalled
+from tuner.results.picks import pick
 
 
 def test_hypervolume_of_boxes():

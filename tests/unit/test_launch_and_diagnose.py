@@ -3,9 +3,9 @@
 import pytest
 
 from tuner.config import parse_config
-from tuner.diagnose import classify, early_failure
-from tuner.launch import launch_spec, strip_flags
-from tuner.space import Params
+from tuner.target.diagnose import classify, early_failure
+from tuner.target.launch import launch_spec
+from tuner.sglang_args import Params
 
 CFG = parse_config('[study]\nname = "s"\n[server]\ncommand = "python3 -m sglang.launch_server --model-path m --speculative-num-steps 1 --mem-fraction-static=0.7 --port 30000"\nenv = { HF_TOKEN = "hf_secretvalue", CUDA_VISIBLE_DEVICES = "0,1" }\n')
 
@@ -17,10 +17,6 @@ def test_searched_flags_are_replaced_and_secrets_redacted():
     assert "topsecret" not in spec.launch_command and spec.launch_command.endswith("--api-key <redacted>")
     assert spec.env == {"HF_TOKEN": "hf_secretvalue", "CUDA_VISIBLE_DEVICES": "0,1"}
     assert "hf_secretvalue" in spec.secrets
-
-
-def test_strip_flags_keeps_everything_else():
-    assert strip_flags(["a", "--x-y", "1", "--x-y=2", "--z", "3"], ["x_y"]) == ["a", "--z", "3"]
 
 
 SGLANG_LOGS = {

@@ -4,8 +4,8 @@
 import pytest
 
 from objectives import capacity, concurrent_tps, single_tps
-from tuner.measure import Measurement, RequestResult, steady_window_rate, summarize_rate
-from tuner.score import load_objectives, score
+from tuner.measure.runner import Measurement, RequestResult, steady_window_rate, summarize_rate
+from tuner.measure.objectives import load_objectives, score
 from tuner.errors import ConfigError
 
 

@@ -1,13 +1,68 @@
-"""The public surface and the one-way layering of the package."""
+"""The public surface and the one-way layering of the package: every module of `tuner` has a
+layer, and imports only from its own layer or below.  Adding an arrow the wrong way fails here."""
 
 import ast
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import tuner
 
-PKG = Path(tuner.__file__).parent
+ROOT = Path(tuner.__file__).parent.parent
+PKG = ROOT / "tuner"
+
+# Lowest first.  The four rooms may use errors/sglang_args/config; measure may read the target's
+# HTTP client; results reads measurements; search reads results; the sequence, the trial and
+# the study sit above the rooms; the command-line modules on top.
+LAYERS = [
+    ("tuner.errors",),
+    ("tuner.sglang_args",),
+    ("tuner.config",),
+    ("tuner.target",),
+    ("tuner.measure",),
+    ("tuner.results",),
+    ("tuner.search",),
+    ("tuner.progress", "tuner.sequence"),
+    ("tuner.trial",),
+    ("tuner.study",),
+    ("tuner.cli",),
+    ("tuner.optimize", "tuner.bench", "tuner.best", "tuner.report", "tuner.dashboard", "tuner.schedule",
+     "tuner.__main__", "tuner"),
+]
+
+
+def _layer(module: str) -> int:
+    best, rank = "", None
+    for i, names in enumerate(LAYERS):
+        for name in names:
+            if (module == name or module.startswith(name + ".")) and len(name) > len(best):
+                best, rank = name, i
+    assert rank is not None, f"{module} has no layer: add it to LAYERS in {__file__}"
+    return rank
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path, *, absolute_only: bool = True) -> set[str]:
+    tree = ast.parse(path.read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            assert node.level == 0 or not absolute_only, f"{path}: relative import; use tuner.<room>.<module>"
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return found
+
+
+MODULES = sorted(PKG.rglob("*.py"))
 
 
 def test_public_api_is_pinned():
@@ -16,46 +71,40 @@ def test_public_api_is_pinned():
         assert getattr(tuner, name) is not None
 
 
-def test_emulator_imports_nothing_of_the_tuner_and_no_tuner_dependencies():
-    code = "import sys, sglang_emulator.__main__, sglang_emulator.server; bad = [m for m in ('optuna', 'fabric', 'openai', 'scipy', 'tuner.config') if m in sys.modules]; print(bad)"
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: _module(p))
+def test_every_module_imports_only_its_layer_or_below(path):
+    me = _module(path)
+    mine = _layer(me)
+    for imp in _imports(path):
+        if imp == "tuner" or imp.startswith("tuner."):
+            assert _layer(imp) <= mine, f"{me} (layer {mine}) imports {imp} (layer {_layer(imp)})"
+        assert not imp.startswith("sglang_emulator"), f"{me} imports the emulator"
+
+
+def test_measure_and_target_do_not_know_optuna_and_libraries_stay_home():
+    homes = {"openai": ("tuner.measure.runner",), "fabric": ("tuner.target.host",), "paramiko": ("tuner.target.host",),
+             "invoke": ("tuner.target.host",), "optuna": ("tuner.results", "tuner.search", "tuner.progress", "tuner.trial",
+             "tuner.study", "tuner.optimize", "tuner.best", "tuner.report", "tuner.dashboard", "tuner.schedule")}
+    for path in MODULES:
+        me = _module(path)
+        for imp in _imports(path):
+            for lib, allowed in homes.items():
+                if imp == lib or imp.startswith(lib + "."):
+                    assert any(me == a or me.startswith(a + ".") for a in allowed), f"{me} imports {lib}"
+
+
+def test_the_emulator_imports_nothing_of_the_tuner_and_no_tuner_dependencies():
+    for path in (ROOT / "sglang_emulator").rglob("*.py"):
+        assert not any(i == "tuner" or i.startswith("tuner.") for i in _imports(path, absolute_only=False)), path
+    code = "import sys, sglang_emulator.__main__, sglang_emulator.server; bad = [m for m in ('optuna', 'fabric', 'openai', 'scipy', 'tuner') if m in sys.modules]; print(bad)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
 
 
-def _imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text())
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            found.add(("." * node.level) + node.module)
-        elif isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-    return found
-
-
-def test_third_party_libraries_stay_home():
-    """optuna in the study layer, fabric/invoke in host/control, openai in measure."""
-    homes = {
-        "openai": {"measure.py"},
-        "fabric": {"host.py"},
-        "paramiko": {"host.py"},
-        "invoke": {"host.py"},
-    }
-    for path in PKG.glob("*.py"):
-        imports = _imports(path)
-        for lib, allowed in homes.items():
-            if any(i == lib or i.startswith(lib + ".") for i in imports):
-                assert path.name in allowed, f"{path.name} imports {lib}"
-
-
-def test_lower_layers_do_not_import_higher_ones():
-    order = ["errors", "config", "space", "launch", "host", "control", "diagnose", "client", "readiness", "workload", "measure", "score", "study", "terminal", "optimize"]
-    rank = {name: i for i, name in enumerate(order)}
-    for path in PKG.glob("*.py"):
-        me = path.stem
-        if me not in rank:
-            continue
-        for imp in _imports(path):
-            target = imp.lstrip(".").split(".")[0]
-            if imp.startswith(".") and target in rank:
-                assert rank[target] <= rank[me], f"{me} imports {target}"
+def test_no_function_outside_the_emulator_is_longer_than_sixty_lines():
+    long = []
+    for path in MODULES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 60:
+                long.append(f"{_module(path)}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert not long, long

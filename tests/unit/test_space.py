@@ -4,7 +4,8 @@ import optuna
 import pytest
 
 from tuner.config import parse_config
-from tuner.space import Params, draft_token_bounds, grid, params_from_argv, suggest
+from tuner.search.space import draft_token_bounds, grid, suggest
+from tuner.sglang_args import CommandLine, Params
 
 CONFIG = """
 [study]
@@ -23,7 +24,7 @@ mem_fraction_static = { low = 0.70, high = 0.92, step = 0.01 }
 def test_sampled_trials_obey_sglangs_rules(bound):
     cfg = parse_config(CONFIG.replace("[space]", f"[space]\ndraft_tokens_bound = \"{bound}\""))
     study = optuna.create_study(directions=["maximize"], sampler=optuna.samplers.RandomSampler(seed=1))
-    base = params_from_argv(cfg.server.argv)
+    base = cfg.server.command_line.params()
     for _ in range(400):
         trial = study.ask()
         p = suggest(trial, cfg.space, base)
@@ -48,12 +49,12 @@ def test_all_three_speculative_flags_are_always_passed():
 def test_unsearched_keys_come_from_the_command():
     cfg = parse_config(CONFIG.split("[space]")[0] + "[space]\nspeculative_eagle_topk = { choices = [1] }\n")
     trial = optuna.create_study().ask()
-    p = suggest(trial, cfg.space, params_from_argv(cfg.server.argv))
+    p = suggest(trial, cfg.space, cfg.server.command_line.params())
     assert p == Params(3, 1, 4, 0.8)
 
 
 def test_params_from_argv_reads_both_spellings():
-    assert params_from_argv(["x", "--speculative-num-steps=2", "--mem-fraction-static", "0.9"]) == Params(2, None, None, 0.9)
+    assert CommandLine.parse(["x", "--speculative-num-steps=2", "--mem-fraction-static", "0.9"]).params() == Params(2, None, None, 0.9)
 
 
 def test_grid_counts_trees_within_the_sweep_bound():
@@ -66,7 +67,7 @@ def test_grid_counts_trees_within_the_sweep_bound():
 
 def test_a_space_that_changes_form_between_runs_is_refused():
     from tuner.errors import ConfigError
-    from tuner.space import check_compatible
+    from tuner.search.space import check_compatible
 
     study = optuna.create_study(directions=["maximize"])
     cfg = parse_config(CONFIG)

@@ -11,49 +11,17 @@ SGLang 0.5.23 (speculative_hook.py::_handle_eagle_family):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any
 
 import optuna
 
-from .config import Choices, FloatRange, IntRange, SpaceConfig
+from tuner.config import Choices, FloatRange, IntRange, SpaceConfig
+from tuner.sglang_args import Params
 
-__all__ = ["Params", "suggest", "draft_token_bounds", "params_from_argv", "grid", "check_compatible", "DEFAULT_STEPS", "DEFAULT_TOPK"]
+__all__ = ["suggest", "draft_token_bounds", "grid", "check_compatible", "DEFAULT_STEPS", "DEFAULT_TOPK"]
 
 # SGLang's auto choice for "anything else" (_auto_choose_speculative_params): (3, 1, 4).
 DEFAULT_STEPS = 3
 DEFAULT_TOPK = 1
-
-
-@dataclass(frozen=True)
-class Params:
-    """One configuration of the searched flags, as SGLang will resolve it."""
-
-    speculative_num_steps: int | None = None
-    speculative_eagle_topk: int | None = None
-    speculative_num_draft_tokens: int | None = None
-    mem_fraction_static: float | None = None
-
-    def flags(self) -> list[str]:
-        out: list[str] = []
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if value is not None:
-                out += ["--" + f.name.replace("_", "-"), _format(value)]
-        return out
-
-    def as_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
-
-    @property
-    def speculative(self) -> bool:
-        return self.speculative_num_steps is not None
-
-
-def _format(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return str(value)
 
 
 def draft_token_bounds(steps: int, topk: int, bound: str = "sweep") -> tuple[int, int]:
@@ -111,27 +79,6 @@ def suggest(trial: optuna.Trial, space: SpaceConfig, base: Params) -> Params:
     return Params(steps, topk, draft, mfs)
 
 
-def params_from_argv(argv: list[str]) -> Params:
-    """The searched flags' values in a launch command (the operator's current configuration)."""
-    found: dict[str, Any] = {}
-    names = {"--" + f.name.replace("_", "-"): f.name for f in fields(Params)}
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        key, eq, value = arg.partition("=")
-        if key in names:
-            if not eq:
-                value = argv[i + 1] if i + 1 < len(argv) else ""
-                i += 1
-            cast = float if names[key] == "mem_fraction_static" else int
-            try:
-                found[names[key]] = cast(value)
-            except ValueError:
-                pass  # the server will reject it; the launch error says so
-        i += 1
-    return Params(**found)
-
-
 def grid(space: SpaceConfig, base: Params, mfs_values: list[float] | None = None) -> list[Params]:
     """Every configuration of a space (for the sampler benchmark's exhaustive front)."""
     def ints(s: IntRange | Choices | None, fallback: int | None) -> list[int | None]:
@@ -180,7 +127,7 @@ def _distribution(name: str, space: IntRange | FloatRange | Choices) -> optuna.d
 def check_compatible(space: SpaceConfig, study: optuna.Study) -> None:
     """Refuse, before any trial, a [space] the study's earlier trials cannot share a parameter
     with (Optuna fixes each parameter's kind, and a categorical's choices, for a study)."""
-    from .errors import ConfigError
+    from tuner.errors import ConfigError
 
     wanted = {k: _distribution(k, getattr(space, k)) for k in ("speculative_num_steps", "speculative_eagle_topk", "mem_fraction_static")
               if getattr(space, k) is not None}

@@ -22,10 +22,10 @@ import re
 import shlex
 import time
 
-from ..errors import HostError
-from ..host import Shell
-from ..launch import LaunchSpec
-from .base import LogBuffer, ServiceStatus
+from tuner.errors import HostError
+from tuner.target.host import Shell
+from tuner.target.launch import LaunchSpec
+from tuner.target.control.base import LogBuffer, ServiceStatus
 
 __all__ = ["SystemdControl", "systemd_quote", "render_dropin", "DROPIN_NAME"]
 
@@ -226,8 +226,12 @@ class SystemdControl:
                 return
             self._original_state()
         if self.leave_best and self.best_spec is not None:
-            self.start(self.best_spec)
-            logger.warning("%s left running the best configuration (leave_best = true): %s", self.unit, self.dropin)
+            # As `tuner.best --apply` leaves it: the run's drop-in gone, the best configuration
+            # in a drop-in of its own, the unit restarted on it.
+            self._run(f"rm -f {shlex.quote(self.dropin)} {shlex.quote(self.dropin)}.tmp")
+            where = self.apply(self.best_spec, study=self.name)
+            logger.warning("%s left running the best configuration (leave_best = true): %s", self.unit, where)
+            self._started = False
             return
         self._run(f"systemctl stop {self.unit}", check=False)
         self._run(f"rm -f {shlex.quote(self.dropin)} {shlex.quote(self.dropin)}.tmp && rmdir {shlex.quote(self.dropin_dir)} 2>/dev/null; systemctl daemon-reload")

@@ -13,11 +13,11 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from .client import ServerClient, ServerInfo
-from .control.base import ServiceControl
-from .diagnose import classify, early_failure
-from .errors import LaunchError, MeasureError
-from .space import Params
+from tuner.target.client import ServerClient, ServerInfo
+from tuner.target.control.base import ServiceControl
+from tuner.target.diagnose import classify, early_failure
+from tuner.errors import LaunchError, MeasureError
+from tuner.sglang_args import Params
 
 __all__ = ["Ready", "wait_ready", "check_server_args"]
 

@@ -1,7 +1,7 @@
 """Why a server did not come up: a pure table from SGLang's log lines and exit status to a
 one-line reason and what the study does about it (prune the trial, or stop the study).
 
-The messages are SGLang 0.5.23's (../shared/notes/sglang-0.5.23.md §4); none are the
+The messages are SGLang 0.5.9 to 0.5.23's (docs/sglang-0.5.23.md §4, docs/sglang-real-server.md); none are the
 emulator's own.
 """
 
@@ -10,12 +10,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["Failure", "classify", "early_failure", "TERMINAL_MARKERS"]
+__all__ = ["Failure", "classify", "early_failure", "runtime_memory_failure", "TERMINAL_MARKERS", "GPU_OOM"]
 
 
 @dataclass(frozen=True)
 class Failure:
-    kind: str  # memory_kv | memory_graph | invalid | exit | fatal
+    kind: str  # memory_kv | memory_graph | invalid | port_busy | exit | fatal
     reason: str
     fatal: bool = False
 
@@ -44,6 +44,23 @@ _FATAL = (
     (re.compile(r"error while attempting to bind on address .*address already in use|\[Errno 98\]", re.I), "the server's port is already in use on the target; stop whatever listens there or change --port and [target] url"),
     (re.compile(r"Unknown speculative algorithm name: (\S+)"), "the server does not know --speculative-algorithm {0}; fix it in [server] command"),
 )
+
+# A GPU allocation that failed, in every wording SGLang's stack uses (sglang-real-server.md
+# row 2): torch's "CUDA out of memory", the driver's "CUDA error: out of memory", cuBLAS and
+# the runtime API's codes, NCCL's allocation failures.  Not the KV pool running short.
+GPU_OOM = re.compile(
+    r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation"
+    r"|NCCL (?:WARN|error).*(?:out of memory|Failed to CUDA calloc|cudaMalloc)|Cuda failure 'out of memory'",
+    re.I,
+)
+# "Capture cuda graph failed: {e}" (decode and EAGLE draft runners), "Capture prefill CUDA graph
+# failed", "Capture frozen-KV MTP cuda graph failed".
+_GRAPH_CAPTURE = re.compile(r"Capture (?:prefill |frozen-KV MTP )?cuda graph failed:?\s*(.*)", re.I)
+# KV pool or request slots short under load (mem_cache/allocation.py, scheduler retraction):
+# normal, never a reason to lower the memory fraction (row 13).
+_KV_PRESSURE = re.compile(r"Prefill out of memory|Decode out of memory happened|alloc_req_slots runs out of memory", re.I)
+# utils/network.py · wait_port_available: the previous server's processes still hold a port.
+_PORT_BUSY = re.compile(r"(\S+ at \d+) is not available in \d+ seconds")
 
 _MEMORY_KV = (
     re.compile(r"Not enough memory\. Please try to increase --mem-fraction-static"),
@@ -94,11 +111,14 @@ def classify(log: str, exit_code: int | None, *, params: str = "") -> Failure:
     `params` is appended to memory reasons ("at mem_fraction_static=0.95, ...").
     """
     at = f" at {params}" if params else ""
-    if "Capture cuda graph failed" in log:
-        if "CUDA out of memory" in log or "OutOfMemoryError" in log:
+    port = _PORT_BUSY.search(log)
+    if port:
+        return Failure("port_busy", f"the previous server still holds a port ({port.group(1)} is not available)")
+    graph = _GRAPH_CAPTURE.search(log)
+    if graph:
+        if GPU_OOM.search(log):
             return Failure("memory_graph", f"CUDA graph capture ran out of memory{at}")
-        detail = re.search(r"Capture cuda graph failed: (.*)", log)
-        cause = _shorten(detail.group(1)) if detail else "unknown error"
+        cause = _shorten(graph.group(1)) if graph.group(1) else "unknown error"
         if "selected index k out of range" in cause:
             return Failure("invalid", f"CUDA graph capture failed: the draft tree is wider than EAGLE's candidate pool{at} ({cause})")
         return Failure("invalid", f"CUDA graph capture failed{at}: {cause}")
@@ -106,7 +126,7 @@ def classify(log: str, exit_code: int | None, *, params: str = "") -> Failure:
         if pattern.search(log):
             what = "the hybrid state cache does not fit" if "mamba" in pattern.pattern else "the KV cache does not fit"
             return Failure("memory_kv", f"{what} in mem_fraction_static{at}")
-    if "CUDA out of memory" in log or "OutOfMemoryError" in log:
+    if GPU_OOM.search(log):
         return Failure("memory_graph", f"the server ran out of GPU memory while starting{at}")
     if exit_code == 2 or "usage: " in log:
         reason = _match(_ARGPARSE, log)
@@ -139,6 +159,12 @@ def classify(log: str, exit_code: int | None, *, params: str = "") -> Failure:
         return Failure("exit", f"the server exited{code} before it was ready: {_shorten(exception)}")
     tail = [line for line in log.strip().splitlines() if line.strip()][-1:] or ["no output"]
     return Failure("exit", f"the server exited{code} before it was ready; last log line: {_shorten(tail[0])}")
+
+
+def runtime_memory_failure(log: str) -> bool:
+    """A GPU out-of-memory while serving (not the KV pool running short, which SGLang handles
+    by retraction and is normal under load)."""
+    return any(GPU_OOM.search(line) and not _KV_PRESSURE.search(line) for line in log.splitlines())
 
 
 def early_failure(log: str) -> bool:

@@ -16,11 +16,12 @@ from dataclasses import dataclass
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from .space import Params
+from tuner.sglang_args import SEARCHED, Params
+from tuner.results.record import params_of
 
-__all__ = ["Verdict", "check", "params_of"]
+__all__ = ["Verdict", "check"]
 
-_KEYS = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens", "mem_fraction_static")
+_KEYS = SEARCHED
 
 
 @dataclass(frozen=True)
@@ -28,13 +29,6 @@ class Verdict:
     kind: str  # "duplicate" | "ruled_out" | "running" (the same flags are being measured elsewhere)
     reason: str
     trial: FrozenTrial
-
-
-def params_of(trial: FrozenTrial) -> Params | None:
-    flags = trial.user_attrs.get("flags")
-    if not isinstance(flags, dict):
-        return None
-    return Params(**{k: flags.get(k) for k in _KEYS})
 
 
 def _ge(a: float | int | None, b: float | int | None) -> bool:

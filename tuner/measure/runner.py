@@ -29,10 +29,10 @@ import httpx
 import openai
 from scipy import stats
 
-from .client import ServerClient, ServerInfo
-from .config import BenchConfig
-from .errors import MeasureError
-from .workload import Prompt, Workload
+from tuner.target.client import ServerClient, ServerInfo
+from tuner.config import BenchConfig
+from tuner.errors import MeasureError
+from tuner.measure.workload import Prompt, Workload
 
 __all__ = ["RequestResult", "Measurement", "measure", "summarize_rate", "steady_window_rate", "Progress"]
 
@@ -286,6 +286,77 @@ async def _concurrent(runner: _Runner, prompts: list[Prompt], concurrency: int, 
     return results
 
 
+@dataclass
+class _Single:
+    results: list[RequestResult]
+    rates: list[float]  # one mean decode rate per pass
+    tps: float
+    ci95: tuple[float, float]
+    reference_tps: float | None  # stopping at EOS, when the workload ignores it
+
+
+@dataclass
+class _Concurrent:
+    results: list[RequestResult] = field(default_factory=list)
+    by_level: dict[int, float] = field(default_factory=dict)
+    whole_phase: dict[int, float] = field(default_factory=dict)
+    windows: dict[int, float] = field(default_factory=dict)
+    p99_itl: dict[int, float] = field(default_factory=dict)
+    p99_ttft: dict[int, float] = field(default_factory=dict)
+
+
+async def _warm_up(runner: "_Runner", bench: BenchConfig, workload: Workload, progress: Progress | None) -> None:
+    for i, prompt in enumerate(workload.for_phase("warmup", bench.warmup_requests)):
+        await runner.one(prompt, min(bench.max_tokens, 32))
+        if progress:
+            progress("warm-up", i + 1, bench.warmup_requests)
+
+
+async def _single_phase(runner: "_Runner", bench: BenchConfig, workload: Workload, progress: Progress | None) -> _Single:
+    """Passes over the same prompts until the mean's 95% CI is tight enough."""
+    singles: list[RequestResult] = []
+    rates: list[float] = []
+    pass_prompts = workload.for_phase("single", bench.single_requests)
+    while len(rates) < bench.single_max_passes:
+        pass_rates = []
+        for i, prompt in enumerate(pass_prompts):
+            result = await runner.one(prompt, bench.max_tokens)
+            singles.append(result)
+            if result.decode_tps is not None:
+                pass_rates.append(result.decode_tps)
+            if progress:
+                progress(f"single pass {len(rates) + 1}", i + 1, len(pass_prompts))
+        if not pass_rates:
+            raise MeasureError("no single-stream request produced two tokens; raise [bench] max_tokens")
+        rates.append(statistics.fmean(pass_rates))
+        if len(rates) >= bench.single_min_passes:
+            mean, (lo, hi) = summarize_rate(rates)
+            if (hi - lo) / 2 <= bench.single_target_ci * mean:
+                break
+    single_tps, ci = summarize_rate(rates)
+    reference_tps = None
+    if bench.ignore_eos:
+        # One pass as real traffic ends (at EOS), to show how much ignore_eos inflates.
+        runner.ignore_eos = False
+        natural = [r.decode_tps for r in [await runner.one(p, bench.max_tokens) for p in pass_prompts] if r.decode_tps]
+        runner.ignore_eos = True
+        reference_tps = statistics.fmean(natural) if natural else None
+    return _Single(singles, rates, single_tps, ci, reference_tps)
+
+
+async def _concurrent_phases(runner: "_Runner", bench: BenchConfig, workload: Workload, progress: Progress | None) -> _Concurrent:
+    out = _Concurrent()
+    for level in bench.concurrency_levels:
+        results = await _concurrent(runner, workload.for_phase("concurrent", bench.concurrent_requests), level, progress, f"concurrency {level}")
+        out.by_level[level], out.windows[level] = steady_window_rate(results, level)
+        span = max(r.end for r in results) - min(r.start for r in results)
+        out.whole_phase[level] = sum(r.completion_tokens for r in results) / span if span > 0 else 0.0
+        out.p99_itl[level] = _pct([x for r in results for x in r.itl_s()], 0.99) * 1000
+        out.p99_ttft[level] = _pct([r.ttft_s for r in results], 0.99) * 1000
+        out.results += results
+    return out
+
+
 async def _measure(
     *, url: str, api_key: str | None, bench: BenchConfig, info: ServerInfo, workload: Workload, client: ServerClient, progress: Progress | None
 ) -> Measurement:
@@ -293,68 +364,26 @@ async def _measure(
     model = str(info.args.get("served_model_name") or info.args.get("model_path") or "default")
     runner = _Runner(url, api_key, bench, model)
     try:
-        for i, prompt in enumerate(workload.for_phase("warmup", bench.warmup_requests)):
-            await runner.one(prompt, min(bench.max_tokens, 32))
-            if progress:
-                progress("warm-up", i + 1, bench.warmup_requests)
+        await _warm_up(runner, bench, workload, progress)
         await asyncio.to_thread(client.flush_cache)
-
-        # Single stream: passes over the same prompts until the mean's 95% CI is tight enough.
-        singles: list[RequestResult] = []
-        rates: list[float] = []  # one mean decode rate per pass
-        pass_prompts = workload.for_phase("single", bench.single_requests)
-        while len(rates) < bench.single_max_passes:
-            pass_rates = []
-            for i, prompt in enumerate(pass_prompts):
-                result = await runner.one(prompt, bench.max_tokens)
-                singles.append(result)
-                if result.decode_tps is not None:
-                    pass_rates.append(result.decode_tps)
-                if progress:
-                    progress(f"single pass {len(rates) + 1}", i + 1, len(pass_prompts))
-            if not pass_rates:
-                raise MeasureError("no single-stream request produced two tokens; raise [bench] max_tokens")
-            rates.append(statistics.fmean(pass_rates))
-            if len(rates) >= bench.single_min_passes:
-                mean, (lo, hi) = summarize_rate(rates)
-                if (hi - lo) / 2 <= bench.single_target_ci * mean:
-                    break
-        single_tps, ci = summarize_rate(rates)
-        reference_tps = None
-        if bench.ignore_eos:
-            # One pass as real traffic ends (at EOS), to show how much ignore_eos inflates.
-            runner.ignore_eos = False
-            natural = [r.decode_tps for r in [await runner.one(p, bench.max_tokens) for p in pass_prompts] if r.decode_tps]
-            runner.ignore_eos = True
-            reference_tps = statistics.fmean(natural) if natural else None
-
-        by_level: dict[int, float] = {}
-        whole_phase: dict[int, float] = {}
-        windows: dict[int, float] = {}
-        p99_itl: dict[int, float] = {}
-        p99_ttft: dict[int, float] = {}
-        concurrent_all: list[RequestResult] = []
-        for level in bench.concurrency_levels:
-            results = await _concurrent(runner, workload.for_phase("concurrent", bench.concurrent_requests), level, progress, f"concurrency {level}")
-            by_level[level], windows[level] = steady_window_rate(results, level)
-            span = max(r.end for r in results) - min(r.start for r in results)
-            whole_phase[level] = sum(r.completion_tokens for r in results) / span if span > 0 else 0.0
-            p99_itl[level] = _pct([x for r in results for x in r.itl_s()], 0.99) * 1000
-            p99_ttft[level] = _pct([r.ttft_s for r in results], 0.99) * 1000
-            concurrent_all += results
+        single = await _single_phase(runner, bench, workload, progress)
+        conc = await _concurrent_phases(runner, bench, workload, progress)
         accept = await asyncio.to_thread(client.accept_length)
     finally:
         await runner.close()
+    return _measurement(bench, info, single, conc, accept, duration_s=time.monotonic() - began)
 
-    ttfts = [r.ttft_s * 1000 for r in singles]
-    itls = [x * 1000 for r in singles for x in r.itl_s()]
-    e2es = [(r.end - r.start) * 1000 for r in singles]
+
+def _measurement(bench: BenchConfig, info: ServerInfo, single: _Single, conc: _Concurrent, accept, *, duration_s: float) -> Measurement:
+    ttfts = [r.ttft_s * 1000 for r in single.results]
+    itls = [x * 1000 for r in single.results for x in r.itl_s()]
+    e2es = [(r.end - r.start) * 1000 for r in single.results]
     return Measurement(
-        single_tps=single_tps,
-        single_runs=tuple(rates),
-        single_ci95=ci,
-        concurrent_tps_by_level=by_level,
-        concurrent_window_s=windows,
+        single_tps=single.tps,
+        single_runs=tuple(single.rates),
+        single_ci95=single.ci95,
+        concurrent_tps_by_level=conc.by_level,
+        concurrent_window_s=conc.windows,
         max_total_num_tokens=info.max_total_num_tokens,
         max_running_requests=info.max_running_requests,
         request_tokens=bench.request_tokens,
@@ -368,14 +397,14 @@ async def _measure(
         e2e_ms=statistics.median(e2es),
         e2e_p90_ms=_pct(e2es, 0.9),
         e2e_p99_ms=_pct(e2es, 0.99),
-        concurrent_p99_itl_ms=p99_itl,
-        concurrent_p99_ttft_ms=p99_ttft,
-        completion_tokens=sum(r.completion_tokens for r in singles + concurrent_all),
-        duration_s=time.monotonic() - began,
+        concurrent_p99_itl_ms=conc.p99_itl,
+        concurrent_p99_ttft_ms=conc.p99_ttft,
+        completion_tokens=sum(r.completion_tokens for r in single.results + conc.results),
+        duration_s=duration_s,
         ignore_eos=bench.ignore_eos,
-        greedy_inflation=single_tps / reference_tps if reference_tps else None,
-        concurrent_ttft_p99_ms=max(p99_ttft.values()) if p99_ttft else float("nan"),
-        concurrent_phase_tps_by_level=whole_phase,
+        greedy_inflation=single.tps / single.reference_tps if single.reference_tps else None,
+        concurrent_ttft_p99_ms=max(conc.p99_ttft.values()) if conc.p99_ttft else float("nan"),
+        concurrent_phase_tps_by_level=conc.whole_phase,
     )
 
 

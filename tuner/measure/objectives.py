@@ -12,8 +12,8 @@ import pkgutil
 from dataclasses import dataclass
 from types import ModuleType
 
-from .errors import ConfigError
-from .measure import Measurement
+from tuner.errors import ConfigError
+from tuner.measure.runner import Measurement
 
 __all__ = ["Objective", "available", "load_objectives", "score"]
 

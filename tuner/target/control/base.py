@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..launch import LaunchSpec
+from tuner.target.launch import LaunchSpec
 
 __all__ = ["ServiceStatus", "ServiceControl", "LOG_LIMIT_BYTES"]
 

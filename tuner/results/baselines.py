@@ -13,53 +13,31 @@ from dataclasses import dataclass
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from .picks import DEFAULT_NOISE, measured_front
+from tuner.results.picks import DEFAULT_NOISE, measured_front
+from tuner.sglang_args import ADAPTIVE_ALGORITHMS, SPECULATIVE_SHAPE, CommandLine
 
-__all__ = ["KINDS", "baseline_argv", "study_name_for", "load", "compare", "Comparison", "family_default"]
+__all__ = ["KINDS", "baseline_argv", "study_name_for", "load", "compare", "Comparison", "baseline_command"]
 
 KINDS = ("no_speculation", "adaptive")
 SUFFIX = "@baselines"
-_TRIPLE = ("--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens")
 
 
 def study_name_for(name: str) -> str:
     return name + SUFFIX
 
 
-def _strip(argv: list[str], drop) -> list[str]:
-    """argv without the flags `drop(flag)` selects, and their values (SGLang has no positionals:
-    an argument that is not a flag belongs to the flag before it)."""
-    out: list[str] = []
-    skipping = False
-    for arg in argv:
-        if arg.startswith("--"):
-            skipping = drop(arg.split("=", 1)[0])
-            if not skipping:
-                out.append(arg)
-            elif "=" in arg:
-                skipping = False
-        elif not skipping:
-            out.append(arg)
-    return out
+def baseline_command(command: CommandLine, kind: str) -> CommandLine | None:
+    """The operator's command turned into a baseline; None when SGLang cannot run it."""
+    if kind == "no_speculation":
+        return command.without_speculation()
+    if command.algorithm not in ADAPTIVE_ALGORITHMS:
+        return None  # SGLang switches adaptive off for other algorithms
+    return command.without([*SPECULATIVE_SHAPE, "speculative_adaptive"]).with_args(["--speculative-adaptive"])
 
 
 def baseline_argv(argv: list[str], kind: str) -> list[str] | None:
-    """The operator's command turned into a baseline; None when SGLang cannot run it."""
-    if kind == "no_speculation":
-        return _strip(argv, lambda flag: flag.startswith("--speculative"))
-    algorithm = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a.startswith("--speculative-algo") and "=" not in a), None)
-    algorithm = algorithm or next((a.split("=", 1)[1] for a in argv if a.startswith("--speculative-algo") and "=" in a), None)
-    if algorithm is None or algorithm.upper() not in ("EAGLE", "EAGLE3", "NEXTN"):
-        return None  # SGLang switches adaptive off for other algorithms
-    return _strip(argv, lambda flag: flag in _TRIPLE or flag == "--speculative-adaptive") + ["--speculative-adaptive"]
-
-
-def family_default(argv: list[str]) -> tuple[int, int, int]:
-    """SGLang 0.5.23's auto choice (_auto_choose_speculative_params): (5, 4, 8) for Llama and
-    Grok, (3, 1, 4) for everything else.  Guessed from the model path (the tuner has not asked
-    the server yet)."""
-    model = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--model-path", "--model")), "").lower()
-    return (5, 4, 8) if ("llama" in model or "grok" in model) else (3, 1, 4)
+    command = baseline_command(CommandLine.parse(argv), kind)
+    return command.argv() if command is not None else None
 
 
 def load(storage, name: str) -> dict[str, FrozenTrial]:

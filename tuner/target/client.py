@@ -1,6 +1,6 @@
 """The SGLang server's own endpoints: readiness, server info, cache flush, loads, metrics.
 
-Everything read here is SGLang 0.5.23's JSON (../shared/notes/sglang-0.5.23.md §3); fields
+Everything read here is SGLang 0.5.23's JSON (docs/sglang-0.5.23.md §3); fields
 that older or other servers may lack are optional, never assumed.  The benchmark's traffic
 goes through the `openai` client in `measure.py`, not through here.
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from .errors import MeasureError
+from tuner.errors import MeasureError
 
 __all__ = ["ServerClient", "ServerInfo"]
 

@@ -20,8 +20,8 @@ from typing import Callable
 import invoke
 import paramiko
 
-from .config import TargetConfig
-from .errors import HostError
+from tuner.config import TargetConfig
+from tuner.errors import HostError
 
 __all__ = ["Shell", "Result", "connect", "parse_destination"]
 

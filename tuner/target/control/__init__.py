@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from ..config import Config
-from ..host import Shell
-from .base import ServiceControl, ServiceStatus
-from .process import ProcessControl
+from tuner.config import Config
+from tuner.target.host import Shell
+from tuner.target.control.base import ServiceControl, ServiceStatus
+from tuner.target.control.process import ProcessControl
 
 __all__ = ["ServiceControl", "ServiceStatus", "ProcessControl", "control_for"]
 
@@ -13,7 +13,7 @@ __all__ = ["ServiceControl", "ServiceStatus", "ProcessControl", "control_for"]
 def control_for(config: Config, shell: Shell) -> ServiceControl:
     target = config.target
     if target.manager == "systemd":
-        from .systemd import SystemdControl
+        from tuner.target.control.systemd import SystemdControl
 
         return SystemdControl(shell, unit=target.unit, name=config.study.name, stop_timeout_s=target.stop_timeout_s,
                               leave_best=target.leave_best)

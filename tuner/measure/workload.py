@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from tuner.errors import ConfigError
 
 __all__ = ["Prompt", "Workload", "load_workload", "BUILTIN"]
 
@@ -111,7 +111,7 @@ class Workload:
 
 def load_workload(source: str | Path, *, seed: int = 0, base_dir: str | Path = ".") -> Workload:
     if str(source) == BUILTIN:
-        text = resources.files("tuner").joinpath("workloads/builtin.jsonl").read_text(encoding="utf-8")
+        text = resources.files("tuner.measure").joinpath("workloads/builtin.jsonl").read_text(encoding="utf-8")
         prompts = [_from_obj(json.loads(line), f"builtin line {i}") for i, line in enumerate(text.splitlines(), 1) if line.strip()]
         return Workload(prompts, seed=seed, name=BUILTIN)
     path = Path(source)

@@ -19,8 +19,8 @@ from typing import Any, Sequence
 import optuna
 from optuna.trial import TrialState
 
-from .config import ConstraintsConfig
-from .errors import ConfigError
+from tuner.config import ConstraintsConfig
+from tuner.errors import ConfigError
 
 __all__ = ["make_sampler", "SAMPLERS", "constraints_func", "MemoryEdgeSampler"]
 

@@ -13,8 +13,8 @@ import optuna
 from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.exc import NoSuchModuleError
 
-from .config import Config
-from .errors import ConfigError
+from tuner.config import Config
+from tuner.errors import ConfigError
 
 __all__ = ["open_storage", "storage_for_url", "load_existing_study", "SQLITE_TIMEOUT_S"]
 
@@ -91,7 +91,7 @@ def open_storage(config: Config) -> optuna.storages.BaseStorage:
 
 def load_existing_study(config: Config) -> optuna.Study:
     """The config's study, for commands that read one (report, best); never creates a database."""
-    from .errors import TunerError
+    from tuner.errors import TunerError
 
     url = config.storage_url
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).expanduser().exists():

@@ -15,10 +15,10 @@ import logging
 import shlex
 import time
 
-from ..errors import HostError
-from ..host import Shell
-from ..launch import LaunchSpec
-from .base import LogBuffer, ServiceStatus
+from tuner.errors import HostError
+from tuner.target.host import Shell
+from tuner.target.launch import LaunchSpec
+from tuner.target.control.base import LogBuffer, ServiceStatus
 
 __all__ = ["ProcessControl"]
 

@@ -8,7 +8,7 @@ import tempfile
 import optuna
 from optuna.artifacts import FileSystemArtifactStore, upload_artifact
 
-from .config import Config
+from tuner.config import Config
 
 __all__ = ["open_store", "save_log"]
 

@@ -1,0 +1,134 @@
+"""One record schema: the user attrs a trial stores, named once.
+
+The contract (`docs/contract.md`) fixes `launch_command`, `max_total_num_tokens`,
+`max_running_requests`, `accept_length`, `ttft_ms` and `fail_reason`; the rest are this
+tuner's.  Every module that writes or reads a trial's attrs uses these names, and every write
+goes through the `record_*` functions below, so a record has one shape wherever it was made
+(a trial, a baseline, a settled duplicate, a schedule launch).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tuner.measure.runner import Measurement
+from tuner.sglang_args import SEARCHED, Params
+from tuner.target.client import ServerInfo
+
+__all__ = [
+    "LAUNCH_COMMAND", "FLAGS", "TARGET", "URL", "WORKER", "FAIL_REASON", "FAILURE_KIND", "LOG_TAIL",
+    "MAX_TOTAL_NUM_TOKENS", "MAX_RUNNING_REQUESTS", "ACCEPT_LENGTH", "TTFT_MS", "STARTUP_S",
+    "SGLANG_VERSION", "ACCELERATOR", "GPU_COUNT", "SERVER_MEM_FRACTION_STATIC", "HYPERVOLUME",
+    "DUPLICATE_OF", "RULED_OUT_BY", "RETRY_OF", "WARM_START", "BASELINE", "CONSTRAINTS",
+    "SERVER_LOG_ARTIFACT", "SINGLE_TPS_SPREAD", "SINGLE_TPS_CI95", "INTERRUPTED",
+    "params_of", "record_launch", "record_server", "record_measurement", "record_failure", "SETTLED_COPY_SKIPS",
+]
+
+# -- the launch ------------------------------------------------------------------------------
+LAUNCH_COMMAND = "launch_command"  # contract: the full command, secrets redacted
+FLAGS = "flags"  # the searched flags this trial passed (also for settled trials)
+TARGET = "target"  # [target] host
+URL = "url"  # [target] url
+WORKER = "worker"  # "<hostname>:<pid>" of the tuner process that ran it
+WARM_START = "warm_start"  # "current" | "sglang_default": why the warm start queued it
+RETRY_OF = "retry_of"  # the interrupted trial this one measures again
+BASELINE = "baseline"  # in <name>@baselines: "no_speculation" | "adaptive"
+
+# -- what the server reported once ready -----------------------------------------------------
+STARTUP_S = "startup_s"
+MAX_TOTAL_NUM_TOKENS = "max_total_num_tokens"  # contract
+MAX_RUNNING_REQUESTS = "max_running_requests"  # contract: the effective value
+SGLANG_VERSION = "sglang_version"
+ACCELERATOR = "accelerator"
+GPU_COUNT = "gpu_count"
+SERVER_MEM_FRACTION_STATIC = "server_mem_fraction_static"
+
+# -- the measurement -------------------------------------------------------------------------
+ACCEPT_LENGTH = "accept_length"  # contract
+TTFT_MS = "ttft_ms"  # contract
+SINGLE_TPS_SPREAD = "single_tps_spread"
+SINGLE_TPS_CI95 = "single_tps_ci95"
+CONSTRAINTS = "constraints"
+HYPERVOLUME = "hypervolume"  # the front's normalised hypervolume with this trial in it
+
+# -- outcomes --------------------------------------------------------------------------------
+FAIL_REASON = "fail_reason"  # contract: one line, what failed and why
+FAILURE_KIND = "failure_kind"  # diagnose's kind: memory_kv | memory_graph | memory_runtime | invalid | timeout | fatal ...
+LOG_TAIL = "log_tail"
+SERVER_LOG_ARTIFACT = "server_log_artifact"
+DUPLICATE_OF = "duplicate_of"
+RULED_OUT_BY = "ruled_out_by"
+INTERRUPTED = "interrupted"
+
+# A settled duplicate copies its twin's figures, not the twin's launch identity.
+SETTLED_COPY_SKIPS = (FLAGS, LAUNCH_COMMAND, TARGET, SERVER_LOG_ARTIFACT, WORKER)
+
+
+def params_of(trial) -> Params | None:
+    """The searched flags a trial passed (its `flags` attr), also for settled trials."""
+    flags = trial.user_attrs.get(FLAGS)
+    if not isinstance(flags, dict):
+        return None
+    return Params(**{k: flags.get(k) for k in SEARCHED})
+
+
+def record_launch(trial, *, launch_command: str, flags: dict | None, target: str, url: str, worker: str) -> None:
+    trial.set_user_attr(LAUNCH_COMMAND, launch_command)
+    if flags is not None:
+        trial.set_user_attr(FLAGS, flags)
+    trial.set_user_attr(TARGET, target)
+    trial.set_user_attr(URL, url)
+    trial.set_user_attr(WORKER, worker)
+
+
+def record_server(trial, info: ServerInfo, startup_s: float) -> None:
+    """What the server says about itself once ready (read back, not assumed)."""
+    trial.set_user_attr(STARTUP_S, round(startup_s, 1))
+    if info.args.get("mem_fraction_static") is not None:
+        trial.set_user_attr(SERVER_MEM_FRACTION_STATIC, info.args.get("mem_fraction_static"))
+    trial.set_user_attr(MAX_TOTAL_NUM_TOKENS, info.max_total_num_tokens)
+    trial.set_user_attr(MAX_RUNNING_REQUESTS, info.max_running_requests)
+    for key, value in ((SGLANG_VERSION, info.version), (ACCELERATOR, info.accelerator), (GPU_COUNT, info.gpu_count)):
+        if value:
+            trial.set_user_attr(key, value)
+
+
+def record_measurement(trial, m: Measurement) -> None:
+    """The contract's user attrs, plus the spread and latency figures behind them."""
+    attrs: dict[str, Any] = {
+        MAX_TOTAL_NUM_TOKENS: m.max_total_num_tokens,
+        MAX_RUNNING_REQUESTS: m.max_running_requests,
+        ACCEPT_LENGTH: m.accept_length,
+        TTFT_MS: round(m.ttft_ms, 2),
+        "ttft_p90_ms": round(m.ttft_p90_ms, 2),
+        "ttft_p99_ms": round(m.ttft_p99_ms, 2),
+        "itl_ms": round(m.itl_ms, 3),
+        "itl_p90_ms": round(m.itl_p90_ms, 3),
+        "itl_p99_ms": round(m.itl_p99_ms, 3),
+        "e2e_ms": round(m.e2e_ms, 1),
+        "e2e_p90_ms": round(m.e2e_p90_ms, 1),
+        "e2e_p99_ms": round(m.e2e_p99_ms, 1),
+        "single_tps_runs": [round(x, 2) for x in m.single_runs],
+        SINGLE_TPS_CI95: [round(x, 2) for x in m.single_ci95],
+        SINGLE_TPS_SPREAD: round(m.single_spread, 4),
+        "concurrent_tps_by_level": {str(k): round(v, 2) for k, v in m.concurrent_tps_by_level.items()},
+        "concurrent_window_s": {str(k): round(v, 2) for k, v in m.concurrent_window_s.items()},
+        "concurrent_p99_itl_ms": {str(k): round(v, 3) for k, v in m.concurrent_p99_itl_ms.items()},
+        "concurrent_p99_ttft_ms": {str(k): round(v, 1) for k, v in m.concurrent_p99_ttft_ms.items()},
+        "measure_s": round(m.duration_s, 1),
+        "greedy_inflation": round(m.greedy_inflation, 3) if m.greedy_inflation else None,
+        "concurrent_ttft_p99_ms": round(m.concurrent_ttft_p99_ms, 1),
+        "completion_tokens": m.completion_tokens,
+        "ignore_eos": m.ignore_eos,
+    }
+    for key, value in attrs.items():
+        trial.set_user_attr(key, value)
+
+
+def record_failure(trial, reason: str, *, kind: str | None = None, log_tail: str | None = None) -> None:
+    """Why a trial did not complete: `fail_reason` always, the kind and log tail when known."""
+    trial.set_user_attr(FAIL_REASON, reason)
+    if kind is not None:
+        trial.set_user_attr(FAILURE_KIND, kind)
+    if log_tail is not None:
+        trial.set_user_attr(LOG_TAIL, log_tail)

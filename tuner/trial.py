@@ -1,0 +1,233 @@
+"""One trial: the objective function Optuna calls.
+
+    propose (search) -> settled by history? -> launch -> ready -> measure -> score -> record
+
+Outcomes map onto Optuna's states: COMPLETE (measured), PRUNED (the server cannot start with
+these parameters, raised as `optuna.TrialPruned`), FAIL (anything else: `MeasureError` is
+caught by `study.optimize`; a fatal `LaunchError` stops the study).  Whatever the outcome, the
+bookkeeping happens once, in `_failed`: reason and kind recorded, log saved, server stopped,
+dashboard note written.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import optuna
+
+from tuner.config import Config
+from tuner.errors import HostError, LaunchError, MeasureError
+from tuner.measure.objectives import Objective, score
+from tuner.measure.runner import Measurement
+from tuner.measure.workload import Workload
+from tuner.progress import Reporter
+from tuner.results import artifacts, hypervolume, notes, record
+from tuner.search import history
+from tuner.search.recovery import recover_stale_trials
+from tuner.search.space import suggest
+from tuner.sequence import Target, launch, measure_server
+from tuner.sglang_args import Params, redact
+from tuner.target.client import ServerInfo
+from tuner.target.diagnose import runtime_memory_failure
+from tuner.target.launch import LaunchSpec, command_spec
+
+__all__ = ["TrialRunner", "WORKER"]
+
+LOG_TAIL_LINES = 40
+WORKER = f"{socket.gethostname()}:{os.getpid()}"  # which tuner process runs a trial
+
+
+def _tail(text: str, secrets: tuple[str, ...], lines: int = LOG_TAIL_LINES) -> str:
+    kept = [line[:400] for line in text.rstrip().splitlines()[-lines:]]
+    return redact("\n".join(kept), secrets)
+
+
+class TrialRunner:
+    """Runs trials (and baselines) of one study on one connected target."""
+
+    def __init__(self, *, config: Config, target: Target, workload: Workload, objectives: list[Objective],
+                 reporter: Reporter, store):
+        self.config = config
+        self.target = target
+        self.workload = workload
+        self.objectives = objectives
+        self.reporter = reporter
+        self.store = store
+        self.base = config.server.command_line.params()
+        self.fatal: LaunchError | None = None
+        self.hardware_checked = False  # this worker's GPUs match the study's (after its first launch)
+
+    # -- Optuna's objective ---------------------------------------------------------------
+    def __call__(self, trial: optuna.Trial) -> list[float]:
+        params = suggest(trial, self.config.space, self.base)
+        spec = self.target.spec(params)
+        self._record_launch(trial, spec, flags=params.as_dict())
+        self.reporter.trial_started(trial.number, params, spec.launch_command)
+        verdict = self._wait_if_running_elsewhere(trial, params)
+        if verdict is not None:
+            return self._settled(trial, verdict)
+        return self.run(trial, spec)
+
+    def run_baseline(self, study: optuna.Study, kind: str, command) -> optuna.trial.FrozenTrial:
+        """Measure one baseline like a trial, into the sibling study; never stops the run."""
+        spec = command_spec(self.config.server, command, api_key=self.target.api_key)
+        trial = study.ask()
+        trial.set_user_attr(record.BASELINE, kind)
+        self._record_launch(trial, spec, flags=None)
+        self.reporter.trial_started(trial.number, Params(), spec.launch_command)
+        self.reporter.phase(f"baseline: {kind.replace('_', ' ')}")
+        try:
+            values = self.run(trial, spec)
+        except optuna.TrialPruned:
+            return study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        except (LaunchError, MeasureError) as exc:
+            self.fatal = None  # a baseline SGLang cannot run is noted, not a reason to stop
+            trial.set_user_attr(record.FAIL_REASON, trial.user_attrs.get(record.FAIL_REASON) or str(exc))
+            return study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        except BaseException:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            raise
+        return study.tell(trial, values)
+
+    # -- the launch -> ready -> measure sequence, recorded ------------------------------------
+    def run(self, trial: optuna.Trial, spec: LaunchSpec) -> list[float]:
+        phase = self.reporter.phase
+        try:
+            ready = launch(self.target, spec, phase=phase)
+            self._check_hardware(trial, ready.info)
+            record.record_server(trial, ready.info, ready.startup_s)
+            m = measure_server(self.target, ready.info, self.workload, phase=phase)
+        except KeyboardInterrupt:
+            self._failed(trial, spec, record.INTERRUPTED, state="FAIL")
+            raise
+        except HostError as exc:
+            record.record_failure(trial, redact(str(exc), spec.secrets))
+            raise
+        except LaunchError as exc:
+            self._failed(trial, spec, exc.reason, kind=exc.kind, log=exc.log_tail, state="FAIL" if exc.fatal else "PRUNED")
+            if exc.fatal:
+                self.fatal = exc
+                raise
+            raise optuna.TrialPruned(exc.reason) from None
+        except MeasureError as exc:
+            reason = self._measure_failure(str(exc))
+            log = self.target.control.log()
+            kind = "memory_runtime" if runtime_memory_failure(log[-200000:]) else None  # the sampler caps the fraction below it
+            self._failed(trial, spec, reason, kind=kind, log=log, state="FAIL")
+            raise MeasureError(reason) from None
+        return self._completed(trial, spec, m)
+
+    def _completed(self, trial: optuna.Trial, spec: LaunchSpec, m: Measurement) -> list[float]:
+        record.record_measurement(trial, m)
+        c = self.config.constraints
+        if c.p99_itl_ms is not None or c.ttft_ms is not None:
+            trial.set_user_attr(record.CONSTRAINTS, m.slo_values(p99_itl_ms=c.p99_itl_ms, ttft_ms=c.ttft_ms))
+        self.target.control.poll()  # collect the rest of the log
+        self._save_log(trial, spec)
+        self.target.control.stop()
+        values = score(self.objectives, m)
+        self._record_hypervolume(trial, values)
+        self._note(trial, "COMPLETE", values)
+        return values
+
+    def _failed(self, trial: optuna.Trial, spec: LaunchSpec, reason: str, *, state: str,
+                kind: str | None = None, log: str | None = None) -> None:
+        """The one place a failed trial is written down: reason, kind, log tail and the whole
+        log stored, the server stopped, the dashboard note."""
+        tail = _tail(log or self.target.control.log(), spec.secrets)
+        record.record_failure(trial, redact(reason, spec.secrets), kind=kind, log_tail=tail)
+        self._save_log(trial, spec)
+        self.target.control.stop()
+        self._note(trial, state)
+
+    def _measure_failure(self, reason: str) -> str:
+        status, _ = self.target.control.poll()
+        if not status.running:
+            reason += f"; the server exited ({status.exit_code})" if status.exit_code is not None else "; the server is gone"
+        return reason
+
+    # -- what a trial learns from the study ---------------------------------------------------
+    def _check_hardware(self, trial: optuna.Trial, info: ServerInfo) -> None:
+        """Results from different GPUs must not be mixed silently: the study remembers the
+        hardware of its first measured trial, and a worker on other hardware refuses to join."""
+        if not info.accelerator:
+            return
+        mine = {"accelerator": info.accelerator, "gpu_count": info.gpu_count}
+        study = trial.study
+        recorded = study.user_attrs.get("hardware")
+        if recorded is None:
+            study.set_user_attr("hardware", {**mine, "first_target": self.config.target.host})
+        elif not self.config.study.allow_mixed_hardware and (
+            recorded.get("accelerator") != mine["accelerator"] or recorded.get("gpu_count") != mine["gpu_count"]
+        ):
+            raise LaunchError(
+                f"this target runs {mine['gpu_count']}x {mine['accelerator']}, but study {study.study_name!r} was measured on "
+                f"{recorded.get('gpu_count')}x {recorded.get('accelerator')} ({recorded.get('first_target')}): results from "
+                "different hardware must not be mixed; use another --study-name, or pass --allow-mixed-hardware",
+                kind="fatal",
+                fatal=True,
+            )
+        self.hardware_checked = True
+
+    def _wait_if_running_elsewhere(self, trial: optuna.Trial, params: Params) -> history.Verdict | None:
+        """Another worker measures the same flags now: wait for its result rather than
+        measure them twice at once (the sampler's constant liar makes this rare)."""
+        waited = False
+        deadline = time.monotonic() + self.config.target.ready_timeout_s + 3600
+        while True:
+            if waited:
+                # The other worker may be dead: let the heartbeat (or our pid check) fail its trial.
+                optuna.storages.fail_stale_trials(trial.study)
+                recover_stale_trials(trial.study, self.reporter.warning)
+            same_hardware_known = self.hardware_checked and not self.config.study.allow_mixed_hardware
+            verdict = history.check(params, history.relevant(trial.study), current=trial.number,
+                                    target=None if same_hardware_known else f"{self.config.target.host} {self.config.target.url}")
+            if verdict is None or verdict.kind != "running" or time.monotonic() > deadline:
+                return None if verdict is not None and verdict.kind == "running" else verdict
+            if not waited:
+                self.reporter.phase(f"waiting: {verdict.reason}")
+                waited = True
+            time.sleep(2.0)
+
+    def _settled(self, trial: optuna.Trial, verdict: history.Verdict) -> list[float]:
+        """A proposal an earlier trial already answers: no restart."""
+        earlier = verdict.trial
+        if verdict.kind == "duplicate":
+            trial.set_user_attr(record.DUPLICATE_OF, earlier.number)
+            for key, value in earlier.user_attrs.items():
+                if key not in record.SETTLED_COPY_SKIPS and key not in trial.user_attrs:
+                    trial.set_user_attr(key, value)
+            self._record_hypervolume(trial, list(earlier.values))
+            self._note(trial, "COMPLETE (duplicate)", list(earlier.values))
+            return list(earlier.values)
+        trial.set_user_attr(record.RULED_OUT_BY, earlier.number)
+        record.record_failure(trial, verdict.reason, kind=earlier.user_attrs.get(record.FAILURE_KIND))
+        self._note(trial, "PRUNED without a launch")
+        raise optuna.TrialPruned(verdict.reason)
+
+    # -- records that must never cost the trial -----------------------------------------------
+    def _record_launch(self, trial: optuna.Trial, spec: LaunchSpec, *, flags: dict | None) -> None:
+        record.record_launch(trial, launch_command=spec.launch_command, flags=flags,
+                             target=self.config.target.host, url=self.config.target.url, worker=WORKER)
+
+    def _record_hypervolume(self, trial: optuna.Trial, values: list[float]) -> None:
+        """The front's normalised hypervolume with this trial in it (the history a study keeps)."""
+        done = [list(t.values) for t in trial.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))]
+        series = hypervolume.history(done + [values])
+        trial.set_user_attr(record.HYPERVOLUME, round(series[-1], 4))
+
+    def _note(self, trial: optuna.Trial, state: str, values: list[float] | None = None) -> None:
+        try:
+            notes.save(trial, state=state, metric_names=[o.name for o in self.objectives], values=values)
+        except Exception as exc:  # a note is a convenience: it must never cost the trial
+            self.reporter.warning(f"trial {trial.number}: could not save its dashboard note: {exc}")
+
+    def _save_log(self, trial: optuna.Trial, spec: LaunchSpec) -> None:
+        if self.store is None:
+            return
+        try:
+            artifacts.save_log(self.store, trial, redact(self.target.control.log(), spec.secrets))
+        except Exception as exc:  # a full disk must not lose the trial's result
+            self.reporter.warning(f"trial {trial.number}: could not store the server log: {exc}")
