@@ -86,9 +86,10 @@ def _pick_wording(failure: m.MemoryFailure, tp: int) -> tuple[str, str]:
     """Deterministic from the situation: graphs are captured target first, then the draft
     decode and draft extend runners, so the first cumulative overflow names the runner.
 
-    * nothing left at all: the first allocation of the capture is not torch's caching
-      allocator but NCCL's lazily created communicator buffers (tp > 1) or the graph pool's
-      own cudaMalloc (driver-level "CUDA error: out of memory");
+    * the slack does not even cover the non-torch buffers (more than 0.5 GiB short): NCCL's
+      lazily created communicator buffers fail first (tp > 1; at tp 1 the driver);
+    * nothing left for graphs at all: the graph pool's own cudaMalloc fails, driver-level
+      "CUDA error: out of memory";
     * the target graph does not fit: torch's caching allocator message;
     * the draft decode graph tips it over: the draft runner's first GEMM on its own stream
       creates a cuBLAS handle and workspace: CUBLAS_STATUS_ALLOC_FAILED;
@@ -97,8 +98,10 @@ def _pick_wording(failure: m.MemoryFailure, tp: int) -> tuple[str, str]:
     """
     free = failure.free_gib
     graphs = list(failure.graphs.items())
+    if free <= -0.5 and tp > 1:
+        return "nccl", "target"
     if free <= 0 or not graphs:
-        return ("nccl", "target") if tp > 1 else ("cuda_error", "target")
+        return "cuda_error", "target"
     total = 0.0
     for name, gib in graphs:
         total += gib
