@@ -106,6 +106,24 @@ def _memory_spec(resolved: Resolved) -> m.SpecShape:
     return resolved.spec
 
 
+def human_readable_int(value: str | int | None) -> int | None:
+    """utils/common.py · human_readable_int, the type of --max-total-tokens: SI (k, M, G, T;
+    decimals allowed) and IEC (Ki, Mi, Gi, Ti) suffixes."""
+    if value is None or isinstance(value, int):
+        return value
+    import re
+    from decimal import Decimal
+
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)", value.strip())
+    if not match:
+        return int(value)
+    number, suffix = match.groups()
+    iec = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+    if suffix in iec:
+        return int(number) * iec[suffix]
+    return int(Decimal(number) * {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}[suffix])
+
+
 def plan_memory(resolved: Resolved) -> m.MemoryPlan:
     return m.size_memory(
         resolved.profile,
@@ -116,7 +134,7 @@ def plan_memory(resolved: Resolved) -> m.MemoryPlan:
         max_running_requests=resolved.max_running_requests,
         # resolve_max_num_reqs splits a global value over attention-DP ranks only; a plain DP
         # rank is a full replica that gets the whole argument.
-        max_total_tokens=resolved.raw.get("max_total_tokens"),
+        max_total_tokens=human_readable_int(resolved.raw.get("max_total_tokens")),
         chunked_prefill_size=resolved.chunked_prefill_size,
         cuda_graph_max_bs=resolved.cuda_graph_max_bs,
         page_size=resolved.page_size,
