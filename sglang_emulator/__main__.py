@@ -22,8 +22,8 @@ Environment knobs (emulator only, never read by the tuner):
                                cuda_malloc | nccl | prefill | frozen_kv_mtp (see failures.py)
   SGLANG_EMULATOR_KIND=1       the emulator's older, friendlier behaviour where it differed from
                                SGLang: accept-length counters fold in every decode iteration
-                               instead of every --decode-log-interval, /health answers at once
-                               instead of running a generate, DP ranks are identical
+                               instead of every --decode-log-interval; DP ranks get identical
+                               pools instead of rank 0 being ~3% short
   SGLANG_WAIT_PORT_TIMEOUT     SGLang's own knob: polls of wait_port_available (default 30)
 """
 
