@@ -14,12 +14,24 @@ Environment knobs (emulator only, never read by the tuner):
   SGLANG_EMULATOR_NOISE        relative std-dev of a decode step's time (default 0.02)
   SGLANG_EMULATOR_FAULT        crash_after_tokens=N | hang_after_tokens=N | exit_after_tokens=N
   SGLANG_EMULATOR_PROFILE      a JSON profile (see profiles.py) instead of the built-in ones
+  SGLANG_EMULATOR_VERSION      0.5.23 (default) or 0.5.9: flag table, /server_info.version,
+                               wordings, /v1/loads fields and chat extensions of that release
+  SGLANG_EMULATOR_LINGER_S     seconds (x TIME_SCALE) a stopped server's child keeps its ports
+                               (default 2; 0 = none); see failures.start_port_holder
+  SGLANG_EMULATOR_OOM_WORDING  force a CUDA-graph OOM wording: torch_oom | cuda_error | cublas |
+                               cuda_malloc | nccl | prefill | frozen_kv_mtp (see failures.py)
+  SGLANG_EMULATOR_KIND=1       the emulator's older, friendlier behaviour where it differed from
+                               SGLang: accept-length counters fold in every decode iteration
+                               instead of every --decode-log-interval; DP ranks get identical
+                               pools instead of rank 0 being ~3% short
+  SGLANG_WAIT_PORT_TIMEOUT     SGLang's own knob: polls of wait_port_available (default 30)
 """
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
+import dataclasses
 import logging
 import os
 import select
@@ -29,6 +41,7 @@ import sys
 import time
 import traceback
 
+from . import failures
 from . import model as m
 from .args import Resolved, model_not_found, parse_args, resolve
 from .profiles import find_profile
@@ -93,19 +106,58 @@ def _memory_spec(resolved: Resolved) -> m.SpecShape:
     return resolved.spec
 
 
+def human_readable_int(value: str | int | None) -> int | None:
+    """utils/common.py · human_readable_int, the type of --max-total-tokens: SI (k, M, G, T;
+    decimals allowed) and IEC (Ki, Mi, Gi, Ti) suffixes."""
+    if value is None or isinstance(value, int):
+        return value
+    import re
+    from decimal import Decimal
+
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)", value.strip())
+    if not match:
+        return int(value)
+    number, suffix = match.groups()
+    iec = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+    if suffix in iec:
+        return int(number) * iec[suffix]
+    return int(Decimal(number) * {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}[suffix])
+
+
 def plan_memory(resolved: Resolved) -> m.MemoryPlan:
     return m.size_memory(
         resolved.profile,
         tp=resolved.tp,
-        dp=resolved.dp,
+        dp=resolved.attn_dp_size,
         mem_fraction_static=resolved.mem_fraction_static,
         spec=_memory_spec(resolved),
         max_running_requests=resolved.max_running_requests,
-        max_total_tokens=resolved.raw.get("max_total_tokens"),
+        # resolve_max_num_reqs splits a global value over attention-DP ranks only; a plain DP
+        # rank is a full replica that gets the whole argument.
+        max_total_tokens=human_readable_int(resolved.raw.get("max_total_tokens")),
         chunked_prefill_size=resolved.chunked_prefill_size,
         cuda_graph_max_bs=resolved.cuda_graph_max_bs,
         page_size=resolved.page_size,
     )
+
+
+def kind() -> bool:
+    """SGLANG_EMULATOR_KIND=1: the older, friendlier behaviour (see the module docstring)."""
+    return os.environ.get("SGLANG_EMULATOR_KIND", "") not in ("", "0")
+
+
+def rank_plan(plan: m.MemoryPlan, rank: int, dp: int, page_size: int = 1) -> m.MemoryPlan:
+    """DP rank `rank`'s own pools.  Real ranks profile their own free memory: rank 0's GPU also
+    carries the launcher-side context, so it ends up ~3% short of the others, and the rest
+    differ by a few tenths of a percent.  `/server_info.max_total_num_tokens` is rank 0's
+    (data_parallel_controller.py · _record_scheduler_init_infos, infos[0])."""
+    if dp <= 1 or kind():
+        return plan
+    factor = 0.97 if rank == 0 else 1.0 - 0.002 * ((rank * 7) % 5)
+    tokens = int(plan.max_total_num_tokens * factor)
+    tokens -= tokens % max(page_size, 1)
+    running = min(plan.max_running_requests, max(tokens // 2, 1))
+    return dataclasses.replace(plan, max_total_num_tokens=tokens, kv_gib=plan.kv_gib * factor, max_running_requests=running)
 
 
 def _run_scheduler(resolved: Resolved, write_fd: int, parent: int, load_scale: float) -> None:
@@ -174,7 +226,18 @@ def _run_scheduler(resolved: Resolved, write_fd: int, parent: int, load_scale: f
             # topk + (steps - 1) * topk^2 candidates.
             raise Exception(f"Capture cuda graph failed: selected index k out of range\n{CUDA_GRAPH_CAPTURE_FAILED_MSG}")
         if plan_error is not None:
-            raise Exception(f"Capture cuda graph failed: {plan_error.message}\n{CUDA_GRAPH_CAPTURE_FAILED_MSG}")
+            oom = failures.graph_oom(plan_error, tp=resolved.tp, version=resolved.version, gpu_gib=gpu_gib)
+            if oom.runner in ("draft_decode", "draft_extend"):
+                graph_total = plan_error.graphs.get("target_verify", 0.0)
+                log.info(
+                    f"Capture target {kind} CUDA graph end. elapsed={profile.graph_capture_s * load_scale:.2f} s, "
+                    f"mem usage={graph_total:.2f} GB, avail mem={avail - graph_total:.2f} GB."
+                )
+                stage = "draft decode" if oom.runner == "draft_decode" else "draft extend"
+                log.info(f"Capture {stage} CUDA graph begin. backend=full, num_tokens_per_req={spec.topk}, avail mem={avail - graph_total:.2f} GB")
+            if oom.wording == "prefill":
+                raise RuntimeError(oom.message)
+            raise Exception(oom.message)
         assert plan is not None
         graph_total = sum(plan.graph_gib.values())
         log.info(
@@ -268,7 +331,7 @@ async def _serve(resolved: Resolved, plan: m.MemoryPlan, time_scale: float, chil
     seed = int(seed_env) if seed_env else None
     noise = _scale("SGLANG_EMULATOR_NOISE", 0.02)
     engines = [
-        Engine(resolved, plan, dp_rank=rank, time_scale=time_scale, step_noise=noise, seed=None if seed is None else seed + rank)
+        Engine(resolved, rank_plan(plan, rank, resolved.dp, resolved.page_size), dp_rank=rank, time_scale=time_scale, step_noise=noise, seed=None if seed is None else seed + rank)
         for rank in range(resolved.dp)
     ]
     state = ServerState(resolved, plan, engines, time_scale)
@@ -343,6 +406,15 @@ def main(argv: list[str] | None = None) -> None:
         _kill_process_tree_and_self(children)
 
     children: list[int] = []
+    internal: list[int] = []
+    if resolved.dp_attention:
+        # PortArgs.init_new: DP attention talks over TCP ports derived from --port.
+        ports = failures.derived_ports(resolved.raw["port"], resolved.raw.get("nccl_port"))
+        failures.wait_ports_available(ports, time_scale, logging.getLogger("sglang.srt.server_args"))
+        internal = [p for _, p in ports]
+    linger = _scale(failures.LINGER_ENV, 2.0) * time_scale
+    sys.stderr.flush()
+    failures.start_port_holder(http_port=resolved.raw["port"], internal=internal, linger_s=linger)
     signal.signal(signal.SIGQUIT, launch_phase_sigquit_handler)
     read_fd, write_fd = os.pipe()
     sys.stderr.flush()

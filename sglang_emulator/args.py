@@ -12,13 +12,27 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
 from .model import Profile, SpecShape, default_graph_settings, default_mem_fraction_static
 
-__all__ = ["build_parser", "parse_args", "Resolved", "resolve", "model_not_found"]
+__all__ = ["build_parser", "parse_args", "Resolved", "resolve", "model_not_found", "emulated_version", "VERSION_ENV"]
+
+VERSION_ENV = "SGLANG_EMULATOR_VERSION"
+_VERSIONS = ("0.5.23", "0.5.9")
+
+
+def emulated_version() -> str:
+    """The SGLang release the emulator plays: 0.5.23 unless `SGLANG_EMULATOR_VERSION=0.5.9`."""
+    version = os.environ.get(VERSION_ENV, "0.5.23")
+    return version if version in _VERSIONS else "0.5.23"
+
+
+def is_059() -> bool:
+    return emulated_version() == "0.5.9"
 
 logger = logging.getLogger("sglang.srt.arg_groups")
 
@@ -37,8 +51,20 @@ ADAPTIVE_CANDIDATES: tuple[tuple[int, tuple[int, ...]], ...] = (
 
 
 def _flag_table() -> list[dict[str, Any]]:
-    text = resources.files(__package__).joinpath("sglang_0_5_23_flags.json").read_text()
+    """The option table of the emulated release (`sglang_0_5_9_flags.json` is extracted the same
+    way from the 0.5.9 wheel: its `source` field says how)."""
+    name = f"sglang_{emulated_version().replace('.', '_')}_flags.json"
+    text = resources.files(__package__).joinpath(name).read_text()
     return json.loads(text)["flags"]
+
+
+# 0.5.9's ServerArgs.from_cli_args renames the long-form destinations.
+_059_RENAMES = {
+    "tensor_parallel_size": "tp_size",
+    "pipeline_parallel_size": "pp_size",
+    "data_parallel_size": "dp_size",
+    "expert_parallel_size": "ep_size",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
             parser.add_argument(*options, **kwargs)
             continue
         else:
-            kwargs["type"] = types[flag["type"]]
+            kwargs["type"] = types.get(flag["type"], str)
             if flag["nargs"]:
                 kwargs["nargs"] = flag["nargs"]
             if flag["choices"]:
@@ -66,9 +92,64 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def merge_config(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """`--config file.yaml` as `server_args.py · prepare_server_args` merges it
+    (`utils/server_args_config_parser.py · ConfigArgumentMerger.merge_config_with_args`): the
+    YAML's keys become flags placed *before* the command line, so the command line wins; a
+    store_true key adds its flag only when true, a list becomes several values, a dict JSON."""
+    if "--config" not in argv:
+        return argv
+    indices = [i for i, arg in enumerate(argv) if arg == "--config"]
+    if len(indices) > 1:
+        raise ValueError("Multiple config files specified! Only one allowed.")
+    at = indices[0]
+    if at == len(argv) - 1:
+        raise ValueError("No config file specified after --config flag!")
+    path = argv[at + 1]
+    suffix = os.path.splitext(path)[1]
+    if suffix.lower() not in (".yaml", ".yml"):
+        raise ValueError(f"Config file must be YAML format, got: {suffix}")
+    if not os.path.exists(path):
+        raise ValueError(f"Config file not found: {path}")
+    import yaml  # only a --config launch needs it
+
+    with open(path) as fh:
+        data = yaml.safe_load(fh) or {}
+    if not isinstance(data, dict):
+        raise ValueError("Config file must contain a dictionary at root level")
+    store_true = {
+        key
+        for action in parser._actions
+        if isinstance(action, argparse._StoreTrueAction)
+        for key in {action.dest} | {o[2:].replace("-", "_") for o in action.option_strings if o.startswith("--")}
+    }
+    merged: list[str] = []
+    for key, value in data.items():
+        if isinstance(value, bool):
+            if key.replace("-", "_") in store_true:
+                if value:
+                    merged.append(f"--{key}")
+            else:
+                merged += [f"--{key}", str(value).lower()]
+        elif isinstance(value, list):
+            if value:
+                merged += [f"--{key}", *(str(v) for v in value)]
+        elif isinstance(value, dict):
+            merged += [f"--{key}", json.dumps(value)]
+        else:
+            merged += [f"--{key}", str(value)]
+    return merged + argv[:at] + argv[at + 2 :]
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """Parse like `sglang serve` (argparse errors exit 2 with its usage line)."""
-    return build_parser().parse_args(argv)
+    parser = build_parser()
+    ns = parser.parse_args(merge_config(parser, argv))
+    for old, new in _059_RENAMES.items():
+        if hasattr(ns, old):
+            setattr(ns, new, getattr(ns, old))
+            delattr(ns, old)
+    return ns
 
 
 def model_not_found(model_path: str) -> OSError:
@@ -101,6 +182,14 @@ class Resolved:
     adaptive_max_steps: int = 0
     draft_missing_error: str | None = None
     warnings: list[str] = field(default_factory=list)
+    attention_backend: str | None = None  # resolved (overrides.py · _attention_backend_default)
+    dp_attention: bool = False  # --enable-dp-attention with dp > 1
+    version: str = "0.5.23"
+
+    @property
+    def attn_dp_size(self) -> int:
+        """Ranks a global --max-running-requests is split over (resolve_max_num_reqs)."""
+        return self.dp if self.dp_attention else 1
 
     def as_dict(self) -> dict[str, Any]:
         """`server_args.resolved_dict()`: every argument with resolution applied."""
@@ -117,8 +206,10 @@ class Resolved:
             speculative_num_steps=self.spec.steps if self.spec.enabled else None,
             speculative_eagle_topk=self.spec.topk if self.spec.enabled else None,
             speculative_num_draft_tokens=self.spec.draft_tokens if self.spec.enabled else None,
-            speculative_adaptive=self.adaptive,
+            attention_backend=self.attention_backend,
         )
+        if self.version != "0.5.9":
+            out["speculative_adaptive"] = self.adaptive
         if out.get("served_model_name") is None:
             out["served_model_name"] = out["model_path"]
         if out.get("api_key"):
@@ -131,18 +222,34 @@ def _warn(resolved_warnings: list[str], message: str) -> None:
     logger.warning(message)
 
 
+def default_attention_backend(profile: Profile, topk: int | None, page_size: int | None) -> str:
+    """`arg_groups/model_override_base.py · get_default_attn_backend` for the MHA models the
+    profiles serve: FA3 on Hopper only while `utils/common.py · is_no_spec_infer_or_topk_one`
+    holds (no topk, or topk 1 with page size 1), else FlashInfer; SM100 gets trtllm_mha;
+    everything else (SM120 included) FlashInfer."""
+    no_tree = topk is None or (topk == 1 and (page_size == 1 or page_size is None))
+    if profile.gpu.compute_capability == "9.0" and no_tree:
+        return "fa3"
+    if profile.gpu.compute_capability in ("10.0", "10.3") and no_tree:
+        return "trtllm_mha"
+    return "flashinfer"
+
+
 def resolve(ns: argparse.Namespace, profile: Profile) -> Resolved:
-    """Resolve like 0.5.23: raise the same exceptions, log the same warnings."""
+    """Resolve like 0.5.23 (or 0.5.9): raise the same exceptions, log the same warnings."""
     raw = vars(ns).copy()
+    old = is_059()
     warnings: list[str] = []
     tp, dp = ns.tp_size, ns.dp_size
     if tp is None or tp < 1:
         raise ValueError(f"tp_size must be a positive integer, got {tp}")
+    dp = dp or 1
+    dp_attention = bool(getattr(ns, "enable_dp_attention", False)) and dp > 1
 
     # memory_hook.handle_gpu_memory_settings
     default_chunk, default_max_bs = default_graph_settings(profile.gpu.total_mib, tp)
     chunked = ns.chunked_prefill_size if ns.chunked_prefill_size is not None else default_chunk
-    max_bs = ns.cuda_graph_max_bs_decode
+    max_bs = getattr(ns, "cuda_graph_max_bs_decode", None) if not old else getattr(ns, "cuda_graph_max_bs", None)
     if max_bs is None:
         max_bs = default_max_bs
         if ns.max_running_requests is not None and max_bs > ns.max_running_requests:
@@ -165,10 +272,10 @@ def resolve(ns: argparse.Namespace, profile: Profile) -> Resolved:
         algorithm = _ALIASES.get(algorithm.upper(), algorithm.upper())
         if algorithm not in _KNOWN:
             raise ValueError(f"Unknown speculative algorithm name: {ns.speculative_algorithm}")
-        if algorithm not in _EAGLE_FAMILY + ("NGRAM",):
+        if algorithm not in _EAGLE_FAMILY + ("NGRAM", "DFLASH", "DSPARK"):
             raise NotImplementedError(
                 f"sglang emulator: speculative algorithm {algorithm} is not emulated; "
-                "use EAGLE, EAGLE3, NEXTN, STANDALONE or NGRAM"
+                "use EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM, DFLASH or DSPARK"
             )
         if running is None:
             running = 48
@@ -183,7 +290,14 @@ def resolve(ns: argparse.Namespace, profile: Profile) -> Resolved:
             ns.speculative_num_draft_tokens,
         )
         if algorithm == "NGRAM":
+            # speculative_hook.py · _handle_ngram: topk is always the BFS breadth.
             topk = ns.speculative_ngram_max_bfs_breadth
+            if old and topk > 1 and page_size > 1 and ns.attention_backend != "flashinfer":
+                raise ValueError(
+                    f"speculative_eagle_topk({topk}) > 1 with page_size({page_size}) > 1 is unstable "
+                    "and produces incorrect results for paged attention backends. This combination "
+                    "is only supported for the 'flashinfer' backend."
+                )
             if draft is None:
                 draft = 12
                 _warn(
@@ -195,12 +309,31 @@ def resolve(ns: argparse.Namespace, profile: Profile) -> Resolved:
             if steps is None:
                 steps = draft // topk
             spec = SpecShape(algorithm, max(steps, 1), topk, draft)
+        elif algorithm in ("DFLASH", "DSPARK"):
+            # speculative_hook.py · _handle_dflash / _handle_dspark: steps and topk forced to 1.
+            name = "DFLASH" if algorithm == "DFLASH" else "DSpark"
+            if algorithm == "DFLASH" and ns.speculative_draft_model_path is None:
+                raise ValueError(
+                    "DFLASH speculative decoding requires setting --speculative-draft-model-path."
+                )
+            for field_name, value in (("speculative_num_steps", steps), ("speculative_eagle_topk", topk)):
+                if value is not None and int(value) != 1:
+                    _warn(warnings, f"{name} only supports {field_name} == 1; overriding {field_name}={value} to 1.")
+            block = getattr(ns, "speculative_dflash_block_size", None)
+            if draft is None:
+                draft = int(block) if block else 16
+                _warn(warnings, f"speculative_num_draft_tokens is not set; defaulting to {draft} for {algorithm}.")
+            spec = SpecShape(algorithm, 1, 1, draft)
         else:
-            if algorithm == "STANDALONE" and ns.enable_dp_attention:
+            if algorithm == "STANDALONE" and getattr(ns, "enable_dp_attention", False):
                 raise ValueError(
                     "Currently standalone speculative decoding does not support dp attention."
                 )
-            if ns.speculative_adaptive:
+            if old and os.environ.get("SGLANG_ENABLE_SPEC_V2", "").lower() in ("1", "true"):
+                # 0.5.9 server_args.py · _handle_speculative_decoding
+                if topk is not None and topk > 1:
+                    raise ValueError("Spec v2 currently only supports topk = 1 for speculative decoding.")
+            if getattr(ns, "speculative_adaptive", False):
                 if algorithm in ("EAGLE", "EAGLE3") and (topk is None or topk == 1):
                     adaptive = True
                     candidates = sorted({s for _, c in ADAPTIVE_CANDIDATES for s in c})
@@ -220,7 +353,7 @@ def resolve(ns: argparse.Namespace, profile: Profile) -> Resolved:
                     )
             if not adaptive and steps is None:
                 assert topk is None and draft is None
-                steps, topk, draft = (3, 1, 4) if algorithm == "STANDALONE" else profile.auto_spec
+                steps, topk, draft = (3, 1, 4) if algorithm == "STANDALONE" else auto_speculative_params(profile.architecture)
             if ns.attention_backend == "trtllm_mha" and topk > 1:
                 raise ValueError("trtllm_mha backend only supports topk = 1 for speculative decoding.")
             if topk == 1 and draft != steps + 1:
@@ -230,19 +363,33 @@ def resolve(ns: argparse.Namespace, profile: Profile) -> Resolved:
                     "speculative_eagle_topk == 1",
                 )
                 draft = steps + 1
-            backends = ("flashinfer", "fa3", "triton")
-            if topk > 1 and page_size > 1 and ns.attention_backend not in backends:
-                raise ValueError(
-                    f"speculative_eagle_topk > 1 with page_size > 1 is only supported on "
-                    f"{backends}; got attention_backend={ns.attention_backend!r}. Use "
-                    "page_size == 1 or one of those backends."
-                )
+            if old:
+                if topk > 1 and page_size > 1 and ns.attention_backend not in ("flashinfer", "fa3"):
+                    raise ValueError(
+                        "speculative_eagle_topk > 1 with page_size > 1 is unstable and produces "
+                        "incorrect results for paged attention backends. This combination is only "
+                        "supported for the 'flashinfer' backend."
+                    )
+            else:
+                backends = ("flashinfer", "fa3", "triton")
+                if topk > 1 and page_size > 1 and ns.attention_backend not in backends:
+                    raise ValueError(
+                        f"speculative_eagle_topk > 1 with page_size > 1 is only supported on "
+                        f"{backends}; got attention_backend={ns.attention_backend!r}. Use "
+                        "page_size == 1 or one of those backends."
+                    )
             if draft is None:
                 # Resolution lets topk > 1 without draft tokens through; the scheduler's pool
                 # sizing is where it breaks.
                 draft_error = "unsupported operand type(s) for *: 'int' and 'NoneType'"
                 draft = 0
             spec = SpecShape(algorithm, steps, topk, draft)
+
+    # overrides.py · _attention_backend_default, after the speculative hook resolved topk.
+    backend = ns.attention_backend
+    if backend is None:
+        backend = default_attention_backend(profile, spec.topk if spec.enabled else None, page_size)
+        logger.info(f"Attention backend not specified. Use {backend} backend by default.")
 
     return Resolved(
         raw=raw,
@@ -260,4 +407,14 @@ def resolve(ns: argparse.Namespace, profile: Profile) -> Resolved:
         adaptive_max_steps=adaptive_max,
         draft_missing_error=draft_error,
         warnings=warnings,
+        attention_backend=backend,
+        dp_attention=dp_attention,
+        version=emulated_version(),
     )
+
+
+def auto_speculative_params(architecture: str) -> tuple[int, int, int]:
+    """`speculative_hook.py · _auto_choose_speculative_params`, keyed on architectures[0]."""
+    if architecture in ("LlamaForCausalLM", "Grok1ForCausalLM", "Grok1VForCausalLM"):
+        return (5, 4, 8)
+    return (3, 1, 4)

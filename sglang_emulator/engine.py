@@ -53,6 +53,9 @@ class Chunk:
     text: str
     finish_reason: str | None = None
     matched_stop: int | None = None
+    # Of `tokens`/`text`, the part that is still thinking (a --reasoning-parser request).
+    reasoning_tokens: int = 0
+    reasoning_text: str = ""
 
 
 @dataclass
@@ -65,6 +68,8 @@ class Request:
     top_p: float = 1.0
     ignore_eos: bool = False
     seed: int | None = None
+    log_metrics: bool = True  # False for /health's probe (GenerateReqInput.log_metrics)
+    thinking: bool = False  # a chat request to a thinking model with thinking on
     arrival: float = field(default_factory=time.monotonic)
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
     generated: int = 0
@@ -76,6 +81,7 @@ class Request:
     cancelled: bool = False
     # Filled in at admission:
     natural_len: int = 0
+    think_len: int = 0  # thinking tokens, the closing </think> included
     prompt_shift: float = 0.0
     rng: random.Random | None = None
     words: list[str] = field(default_factory=list)
@@ -84,6 +90,19 @@ class Request:
     @property
     def context_tokens(self) -> int:
         return self.prompt_tokens + self.generated
+
+
+THINK_END = "</think>"
+
+
+def thinking_length(prompt: str) -> int:
+    """How long a thinking model thinks before answering `prompt`, the closing </think>
+    included: deterministic from the prompt, median ~600 tokens, so that a 256-token
+    max_tokens is mostly spent thinking (Qwen3-style models think for hundreds to thousands
+    of tokens on chat prompts)."""
+    digest = hashlib.sha256(b"think:" + prompt.encode("utf-8", "replace")).digest()
+    rng = random.Random(int.from_bytes(digest[:8], "big"))
+    return int(min(max(rng.lognormvariate(math.log(600), 0.5), 120), 6000))
 
 
 def _prompt_traits(prompt: str, spread: float) -> tuple[float, int, random.Random]:
@@ -132,6 +151,12 @@ class Engine:
         self.launch_factor = math.exp(self.rng.gauss(0.0, step_noise / 2))
         self.capacity = plan.max_total_num_tokens
         self.max_running = plan.max_running_requests
+        self.decode_log_interval = int(resolved.raw.get("decode_log_interval") or DECODE_LOG_INTERVAL)
+        # metrics_reporter.report_decode_stats folds the accept counters in only once every
+        # --decode-log-interval decode iterations; SGLANG_EMULATOR_KIND=1 folds every iteration.
+        self.fold_every_step = os.environ.get("SGLANG_EMULATOR_KIND", "") not in ("", "0")
+        self._pending_accept_tokens = 0
+        self._pending_verify_ct = 0
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._wake = asyncio.Event()
@@ -158,6 +183,7 @@ class Engine:
         self.last_accept_length = 0.0
         self.last_accept_rate = 0.0
         self.retracted = 0
+        self.new_token_ratio = 0.3  # --init-new-token-ratio (scheduler's new_token_ratio_tracker)
         # Adaptive speculation state (--speculative-adaptive).
         self._ema_accept = 0.0
         self._adaptive_steps = resolved.spec.steps
@@ -169,7 +195,7 @@ class Engine:
         if self.dead is not None:
             raise EngineDead(str(self.dead))
         self.waiting.append(req)
-        self.total_requests += 1
+        self.total_requests += req.log_metrics
         self._wake.set()
 
     @property
@@ -188,6 +214,7 @@ class Engine:
             )
             return False
         self.spec_accept_tokens = self.spec_verify_ct = 0
+        self._pending_accept_tokens = self._pending_verify_ct = 0
         self.spec_accepted_drafts = self.spec_proposed_drafts = 0
         self.last_accept_length = self.last_accept_rate = 0.0
         logger.info("Cache flushed successfully!")
@@ -252,7 +279,7 @@ class Engine:
         while self.waiting and len(self.running) + len(admitted) < self.max_running:
             req = self.waiting[0]
             # Reserve room for part of the answer, as SGLang's new_token_ratio does.
-            need = req.prompt_tokens + int(min(req.max_new_tokens, 4096) * 0.3)
+            need = req.prompt_tokens + int(min(req.max_new_tokens, 4096) * self.new_token_ratio)
             if used + need > self.capacity:
                 break
             if admitted and prefill_tokens + req.prompt_tokens > budget:
@@ -267,6 +294,9 @@ class Engine:
     def _prepare(self, req: Request) -> None:
         shift, natural, rng = _prompt_traits(req.prompt, self.profile.acceptance.prompt_spread)
         req.prompt_shift, req.natural_len = shift, natural
+        if req.thinking:
+            req.think_len = thinking_length(req.prompt)
+            req.natural_len += req.think_len
         if req.temperature > 0 or req.seed is not None:
             # Sampled text differs run to run unless the client fixes a seed.
             seed = req.seed if req.seed is not None else self.rng.getrandbits(64)
@@ -291,7 +321,7 @@ class Engine:
             if req.cancelled:
                 continue
             if req.first_token_at is None:  # not a retracted request coming back
-                self.total_prompt_tokens += req.prompt_tokens
+                self.total_prompt_tokens += req.prompt_tokens * req.log_metrics
                 req.first_token_at = now
             self._emit(req, 1)
             if req.finish_reason is None:
@@ -354,14 +384,25 @@ class Engine:
         )
         # KV pressure: each request needs room for this step's drafts.
         per_req = max(spec.steps * spec.topk, spec.draft_tokens) if spec.enabled else 1
+        victims: list[Request] = []
         while self.running and self.used_tokens + per_req * len(self.running) > self.capacity:
-            victim = self.running.pop()
-            self.retracted += 1
-            logger.info(
-                f"KV cache pool is full. Retract requests. #retracted_reqs: 1, "
-                f"#new_tokens_gained: {victim.context_tokens}, #new_token_ratio: 0.3000 -> 0.5000"
+            victims.append(self.running.pop())
+        if victims:
+            # scheduler.py: the normal answer to a full KV pool, logged at WARNING.
+            self.retracted += len(victims)
+            old_ratio = self.new_token_ratio
+            self.new_token_ratio = min(1.0, old_ratio + 0.2)
+            details = f"#retracted_reqs: {len(victims)}, #new_tokens_gained: {sum(v.context_tokens for v in victims)}"
+            if self.profile.hybrid:
+                details += f", #mamba_num_gained: {len(victims)}"
+            logger.warning(
+                "KV cache pool is full. Retract requests. " + details
+                + f", #new_token_ratio: {old_ratio:.4f} -> {self.new_token_ratio:.4f}"
             )
-            self.waiting.appendleft(victim)
+            for victim in victims:
+                self.waiting.appendleft(victim)
+        elif self.new_token_ratio > 0.3:
+            self.new_token_ratio = max(0.3, self.new_token_ratio - 0.001)  # decay_step
         if not self.running:
             return
         step_s = ms * self._noise() / 1000
@@ -379,7 +420,7 @@ class Engine:
                 u = req.rng.random()
                 accepted = sum(1 for p in mass if u < p)
                 tokens += accepted
-                self.spec_verify_ct += 1
+                self._pending_verify_ct += 1
                 self.total_verify_calls += 1
                 self.spec_accepted_drafts += accepted
                 self.spec_proposed_drafts += max(spec.draft_tokens - 1, 0)
@@ -387,13 +428,21 @@ class Engine:
                 req.accepted_drafts += accepted
             emitted = self._emit(req, tokens)
             if spec.enabled:
-                self.spec_accept_tokens += emitted
+                self._pending_accept_tokens += emitted
                 interval_accept += emitted
         self.running = [r for r in self.running if r.finish_reason is None and not r.cancelled]
         if self.resolved.adaptive and spec.enabled and batch:
             self._ema_accept = 0.8 * self._ema_accept + 0.2 * (interval_accept / batch) if self._ema_accept else interval_accept / batch
-        if self.forward_ct % DECODE_LOG_INTERVAL == 0:
+        if self.fold_every_step:
+            self._fold_accept_counters()
+        if self.forward_ct % self.decode_log_interval == 0:
+            self._fold_accept_counters()
             self._log_decode(batch)
+
+    def _fold_accept_counters(self) -> None:
+        self.spec_accept_tokens += self._pending_accept_tokens
+        self.spec_verify_ct += self._pending_verify_ct
+        self._pending_accept_tokens = self._pending_verify_ct = 0
 
     def _emit(self, req: Request, tokens: int) -> int:
         """Give `req` up to `tokens` new tokens; finish it at EOS or max_new_tokens."""
@@ -405,13 +454,23 @@ class Engine:
         if req.generated + tokens >= req.max_new_tokens:
             finish, matched = finish or "length", matched
         text = self._text(req, tokens)
+        reasoning_tokens, reasoning_text = 0, ""
+        if req.think_len and req.generated < req.think_len:
+            # The first think_len tokens are thinking; the last of them is </think>.
+            reasoning_tokens = min(tokens, req.think_len - req.generated)
+            words = text.split(" ")[1:]
+            if req.generated + reasoning_tokens == req.think_len:
+                words[reasoning_tokens - 1] = THINK_END
+            reasoning_text = "".join(" " + w for w in words[:reasoning_tokens])
+            text = reasoning_text + "".join(" " + w for w in words[reasoning_tokens:])
         req.generated += tokens
-        self.total_generation_tokens += tokens
+        if req.log_metrics:
+            self.total_generation_tokens += tokens
         self._interval_tokens += tokens
         if finish:
             req.finish_reason = finish
             req.finished_at = time.monotonic()
-        req.out.put_nowait(Chunk(tokens, text, finish, matched if finish == "stop" else None))
+        req.out.put_nowait(Chunk(tokens, text, finish, matched if finish == "stop" else None, reasoning_tokens, reasoning_text))
         for observe in self.observers:
             observe("tokens", request=req, tokens=tokens, finished=finish is not None)
         return tokens
@@ -436,7 +495,7 @@ class Engine:
         self._interval_start, self._interval_tokens = now, 0
         key = str(batch)
         if os.environ.get("SGLANG_RECORD_STEP_TIME") == "1":
-            self.step_time_dict.setdefault(key, []).append(self._interval_step_s / DECODE_LOG_INTERVAL)
+            self.step_time_dict.setdefault(key, []).append(self._interval_step_s / self.decode_log_interval)
         self._interval_step_s = 0.0
         usage = self.used_tokens / self.capacity
         spec_part = ""

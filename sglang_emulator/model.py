@@ -250,11 +250,13 @@ class MemoryPlan:
 class MemoryFailure(Exception):
     """SGLang fails at start-up for memory; `phase` is where ("kv" or "graph")."""
 
-    def __init__(self, phase: str, message: str, exc_type: str = "RuntimeError"):
+    def __init__(self, phase: str, message: str, exc_type: str = "RuntimeError", graphs: dict[str, float] | None = None, free_gib: float = 0.0):
         super().__init__(message)
         self.phase = phase
         self.message = message
         self.exc_type = exc_type
+        self.graphs = graphs or {}  # graph phase: GiB per graph in capture order
+        self.free_gib = free_gib  # graph phase: what the slack left for graphs
 
 
 def default_graph_settings(gpu_mib: int, tp: int) -> tuple[int, int]:
@@ -465,6 +467,8 @@ def size_memory(
             "expandable_segments:True to avoid fragmentation.  See documentation for Memory "
             "Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)",
             exc_type="torch.OutOfMemoryError",
+            graphs=graphs,
+            free_gib=free_for_graphs,
         )
     return MemoryPlan(
         pre_load_gib=pre_load,

@@ -30,7 +30,7 @@ from .engine import Chunk, Engine, EngineDead, Request, count_tokens
 
 __all__ = ["ServerState", "build_app", "SGLANG_VERSION"]
 
-SGLANG_VERSION = "0.5.23"
+SGLANG_VERSION = "0.5.23"  # default; Resolved.version says which release is played
 logger = logging.getLogger("sglang.srt.entrypoints.http_server")
 
 
@@ -231,14 +231,21 @@ def _sampling(body: dict[str, Any], default_max: int) -> dict[str, Any]:
     }
 
 
-def _usage(req: Request) -> dict[str, Any]:
-    return {
+def _usage(req: Request, version: str = "0.5.23") -> dict[str, Any]:
+    """usage_processor.py · calculate_*_usage: completion_tokens counts thinking and answer;
+    0.5.23 reports the thinking in `reasoning_tokens` and, only when there is some, in
+    `completion_tokens_details.reasoning_tokens`; 0.5.9 leaves `reasoning_tokens` at 0."""
+    reasoning = min(req.generated, req.think_len) if version != "0.5.9" else 0
+    usage: dict[str, Any] = {
         "prompt_tokens": req.prompt_tokens,
         "total_tokens": req.prompt_tokens + req.generated,
         "completion_tokens": req.generated,
         "prompt_tokens_details": None,
-        "reasoning_tokens": 0,
+        "reasoning_tokens": reasoning,
     }
+    if version != "0.5.9":
+        usage["completion_tokens_details"] = {"reasoning_tokens": reasoning} if reasoning else None
+    return usage
 
 
 def _check_length(state: ServerState, prompt_tokens: int, max_new: int) -> JSONResponse | None:
@@ -283,14 +290,28 @@ def build_app(state: ServerState) -> Starlette:
             return Response(status_code=503)
         if state.status == "Starting":
             return Response(status_code=503)
-        # The real handler sends a 1-token generate and polls once a second for any output.
+        # http_server.py · health_generate: a 1-token generate (log_metrics=False), then a poll
+        # once a second until any output arrives, for up to HEALTH_CHECK_TIMEOUT (20 s): the
+        # answer never comes sooner than 1 s.
         timeout = 20.0
         tic = time.time()
-        while time.time() < tic + timeout * state.time_scale:
-            await asyncio.sleep(1.0 * state.time_scale)
-            if state.healthy:
-                state.status = "Up"
-                return Response(status_code=200)
+        probe = Request(rid=f"HEALTH_CHECK_{uuid.uuid4().hex}", prompt="0", prompt_tokens=1,
+                        max_new_tokens=1, temperature=0.0, log_metrics=False)
+        engine = state.pick_engine()
+        try:
+            engine.submit(probe)
+        except EngineDead:
+            pass
+        try:
+            while time.time() < tic + timeout * state.time_scale:
+                await asyncio.sleep(1.0 * state.time_scale)
+                if (probe.generated or not probe.out.empty()) and state.healthy:
+                    state.status = "Up"
+                    return Response(status_code=200)
+        finally:
+            if probe.finish_reason is None:
+                probe.cancelled = True
+                engine._wake.set()
         logger.error(
             f"Health check failed. Server couldn't get a response from detokenizer for last "
             f"{int(timeout)} seconds. tic start time: {time.strftime('%H:%M:%S', time.localtime(tic))}. "
@@ -363,11 +384,12 @@ def build_app(state: ServerState) -> Starlette:
         body.update(
             launch_command=state.launch_command,
             status="ready",
-            max_total_num_tokens=state.plan.max_total_num_tokens,
+            # data_parallel_controller.py · _record_scheduler_init_infos: rank 0's figure only.
+            max_total_num_tokens=state.engines[0].plan.max_total_num_tokens,
             max_req_input_len=context_len - 1,
             startup_time=state.startup_time,
             internal_states=[internal_state(e) for e in state.engines],
-            version=SGLANG_VERSION,
+            version=resolved.version,
             frontend="python",
         )
         return JSONResponse(body)
@@ -407,15 +429,13 @@ def build_app(state: ServerState) -> Starlette:
             if resolved.spec.enabled and sections & {"all", "spec"}:
                 load["speculative"] = {"accept_length": e.last_accept_length, "accept_rate": e.last_accept_rate}
             out.append(load)
-        return JSONResponse(
-            {
-                "timestamp": datetime.now(timezone.utc).isoformat(),
-                "version": SGLANG_VERSION,
-                "accelerator": resolved.profile.gpu.name,
-                "num_accelerators": resolved.tp,
-                "loads": out,
-            }
-        )
+        body: dict[str, Any] = {"timestamp": datetime.now(timezone.utc).isoformat(), "version": resolved.version}
+        if resolved.version != "0.5.9":
+            # entrypoints/v1_loads.py · _num_accelerators_per_dp_rank (absent in 0.5.9)
+            body["accelerator"] = resolved.profile.gpu.name
+            body["num_accelerators"] = resolved.tp // resolved.dp if resolved.dp_attention else resolved.tp
+        body["loads"] = out
+        return JSONResponse(body)
 
     async def models(request: HttpRequest) -> Response:
         return JSONResponse(
@@ -457,7 +477,7 @@ def build_app(state: ServerState) -> Starlette:
             return _error(400, "The request body must be a JSON object")
         return body
 
-    def new_request(prompt: str, prompt_tokens: int, params: dict[str, Any]) -> Request:
+    def new_request(prompt: str, prompt_tokens: int, params: dict[str, Any], thinking: bool = False) -> Request:
         return Request(
             rid=uuid.uuid4().hex,
             prompt=prompt,
@@ -467,7 +487,41 @@ def build_app(state: ServerState) -> Starlette:
             top_p=params["top_p"],
             ignore_eos=params["ignore_eos"],
             seed=params["seed"],
+            thinking=thinking,
         )
+
+    def spec_meta(req: Request) -> dict[str, Any]:
+        """tokenizer_manager.py · _calculate_spec_decoding_metrics (only once a verify ran)."""
+        if not resolved.spec.enabled or not req.verify_ct:
+            return {}
+        proposed = req.verify_ct * (resolved.spec.draft_tokens - 1)
+        if proposed <= 0:
+            return {}
+        return {
+            "spec_accept_rate": req.accepted_drafts / proposed,
+            "spec_accept_length": req.generated / req.verify_ct,
+            "spec_num_correct_drafts": req.accepted_drafts,
+            "spec_num_proposed_drafts": proposed,
+            "spec_verify_ct": req.verify_ct,
+        }
+
+    def spec_tokens_details(req: Request) -> dict[str, Any] | None:
+        """openai/utils.py · spec_tokens_details_from_meta_info: every SpecTokensDetails field,
+        defaults for the ones this request's meta_info lacks; None without any spec metric."""
+        meta = spec_meta(req)
+        if not meta:
+            return None
+        return {
+            "spec_accept_rate": meta.get("spec_accept_rate") or 0.0,
+            "spec_accept_length": meta.get("spec_accept_length") or 0.0,
+            "spec_cap_length": 0.0,
+            "spec_block_accept_length": 0.0,
+            "spec_num_correct_drafts": meta.get("spec_num_correct_drafts") or 0,
+            "spec_num_proposed_drafts": meta.get("spec_num_proposed_drafts") or 0,
+            "spec_verify_ct": meta.get("spec_verify_ct") or 0,
+            "spec_correct_drafts_histogram": [],
+            "spec_cap_lens_histogram": [],
+        }
 
     async def openai_completion(request: HttpRequest) -> Response:
         body = await read_json(request)
@@ -495,7 +549,18 @@ def build_app(state: ServerState) -> Starlette:
         bad = _check_length(state, prompt_tokens, params["max_new_tokens"])
         if bad is not None:
             return bad
-        req = new_request(prompt, prompt_tokens, params)
+        # A thinking model behind --reasoning-parser thinks first unless the chat template is
+        # told not to (serving_chat.py: chat_template_kwargs.enable_thinking, default on);
+        # separate_reasoning (default true) moves the thinking into reasoning_content.
+        reasoning_parser = resolved.raw.get("reasoning_parser")
+        thinking = False
+        if chat and reasoning_parser:
+            enable = (body.get("chat_template_kwargs") or {}).get("enable_thinking")
+            thinking = True if enable is None else bool(enable)
+        separate = bool(body.get("separate_reasoning", True)) and bool(reasoning_parser)
+        # protocol.py: return_spec_tokens_details exists in 0.5.23's requests only.
+        want_spec = bool(body.get("return_spec_tokens_details")) and resolved.version != "0.5.9"
+        req = new_request(prompt, prompt_tokens, params, thinking)
         rid = f"chatcmpl-{req.rid}" if chat else f"cmpl-{req.rid}"
         created = int(time.time())
         model_name = body.get("model") or state.served_model_name
@@ -503,58 +568,82 @@ def build_app(state: ServerState) -> Starlette:
         if not state.healthy:
             return _error(503, "The server is not healthy.", "ServiceUnavailableError")
 
+        def split(chunk: Chunk) -> tuple[str, str]:
+            """(reasoning, content) of one chunk as the reasoning parser separates them."""
+            if not separate or not chunk.reasoning_tokens:
+                return "", chunk.text
+            reasoning = chunk.reasoning_text
+            if reasoning.endswith(" </think>"):
+                reasoning = reasoning[: -len(" </think>")]
+            return reasoning, chunk.text[len(chunk.reasoning_text):]
+
         if not body.get("stream"):
+            reasoning_parts, content_parts, finish, matched = [], [], None, None
             try:
-                text, finish, matched = await _collect(state, req, latency)
+                async for chunk in _stream(state, req, latency):
+                    r, c = split(chunk)
+                    reasoning_parts.append(r)
+                    content_parts.append(c)
+                    finish, matched = chunk.finish_reason, chunk.matched_stop
             except EngineDead as exc:
                 return _error(500, f"Internal server error: {exc}", "InternalServerError")
+            text = "".join(content_parts)
             choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish, "matched_stop": matched}
             if chat:
-                choice["message"] = {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": None}
+                reasoning = "".join(reasoning_parts)
+                choice["message"] = {"role": "assistant", "content": text, "reasoning_content": reasoning or None, "tool_calls": None}
             else:
                 choice["text"] = text
-            return JSONResponse(
-                {
-                    "id": rid,
-                    "object": obj,
-                    "created": created,
-                    "model": model_name,
-                    "choices": [choice],
-                    "usage": _usage(req),
-                    "metadata": {"weight_version": "default"},
-                }
-            )
+            out = {
+                "id": rid,
+                "object": obj,
+                "created": created,
+                "model": model_name,
+                "choices": [choice],
+                "usage": _usage(req, resolved.version),
+                "metadata": {"weight_version": "default"},
+            }
+            details = spec_tokens_details(req) if want_spec else None
+            if details is not None:
+                out["sglext"] = {"spec_tokens_details": details}
+            return JSONResponse(out)
 
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         continuous = bool((body.get("stream_options") or {}).get("continuous_usage_stats"))
 
         async def events() -> AsyncIterator[str]:
             chunk_obj = "chat.completion.chunk" if chat else "text_completion"
+
+            def event(choice: dict[str, Any]) -> str:
+                return _sse({"id": rid, "object": chunk_obj, "created": created, "model": model_name,
+                             "choices": [choice], "usage": _usage(req, resolved.version) if continuous else None})
+
             if chat:
-                yield _sse(
-                    {
-                        "id": rid, "object": chunk_obj, "created": created, "model": model_name,
-                        "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None, "matched_stop": None}],
-                        "usage": None,
-                    }
-                )
+                yield event({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None, "matched_stop": None})
             try:
                 async for chunk in _stream(state, req, latency):
+                    end = {"finish_reason": chunk.finish_reason, "matched_stop": chunk.matched_stop}
+                    none = {"finish_reason": None, "matched_stop": None}
                     if chat:
-                        choice = {"index": 0, "delta": {"content": chunk.text}, "logprobs": None,
-                                  "finish_reason": chunk.finish_reason, "matched_stop": chunk.matched_stop}
+                        reasoning, content = split(chunk)
+                        if reasoning:
+                            yield event({"index": 0, "delta": {"role": None, "content": None, "reasoning_content": reasoning},
+                                         "logprobs": None, **(none if content else end)})
+                        if content or not reasoning:
+                            yield event({"index": 0, "delta": {"role": None, "content": content, "reasoning_content": None},
+                                         "logprobs": None, **end})
                     else:
-                        choice = {"index": 0, "text": chunk.text, "logprobs": None,
-                                  "finish_reason": chunk.finish_reason, "matched_stop": chunk.matched_stop}
-                    yield _sse(
-                        {"id": rid, "object": chunk_obj, "created": created, "model": model_name,
-                         "choices": [choice], "usage": _usage(req) if continuous else None}
-                    )
+                        yield event({"index": 0, "text": chunk.text, "logprobs": None, **end})
             except EngineDead as exc:
                 yield _sse({"object": "error", "message": f"Internal server error: {exc}", "type": "InternalServerError", "param": None, "code": 500})
                 return
+            details = spec_tokens_details(req) if want_spec else None
+            if details is not None:
+                # serving_chat.py · _generate_chat_stream: a choices-less chunk carrying sglext.
+                yield _sse({"id": rid, "object": chunk_obj, "created": created, "model": model_name, "choices": [],
+                            "usage": None, "sglext": {"spec_tokens_details": details}})
             if include_usage:
-                yield _sse({"id": rid, "object": chunk_obj, "created": created, "model": model_name, "choices": [], "usage": _usage(req)})
+                yield _sse({"id": rid, "object": chunk_obj, "created": created, "model": model_name, "choices": [], "usage": _usage(req, resolved.version)})
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")
@@ -595,15 +684,7 @@ def build_app(state: ServerState) -> Starlette:
                 "cached_tokens": 0,
                 "e2e_latency": time.monotonic() - req.arrival,
             }
-            if resolved.spec.enabled and req.verify_ct:
-                proposed = req.verify_ct * max(resolved.spec.draft_tokens - 1, 1)
-                info.update(
-                    spec_verify_ct=req.verify_ct,
-                    spec_accept_length=req.generated / req.verify_ct,
-                    spec_accept_rate=req.accepted_drafts / proposed,
-                    spec_num_correct_drafts=req.accepted_drafts,
-                    spec_num_proposed_drafts=proposed,
-                )
+            info.update(spec_meta(req))
             return info
 
         if not body.get("stream"):
