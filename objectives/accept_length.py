@@ -1,12 +1,17 @@
 """Tokens per verify step: how well the draft predicts the target on this workload."""
 
+from tuner.errors import MeasureError
 from tuner.measure import Measurement
 
 name = "accept_length"
 direction = "maximize"
 unit = "tokens/step"
-description = "the server's avg_spec_accept_length over the measured phases (1.0 without speculation)"
+description = "completion tokens per verify step over the measured requests (1.0 without speculation)"
 
 
 def score(m: Measurement) -> float:
-    return m.accept_length if m.accept_length is not None else 1.0
+    if m.accept_length is None:
+        # Never a silent 1.0: the trial fails with this reason instead.
+        raise MeasureError("the server reports no per-request speculation figures (spec_verify_ct), so accept_length is unknown; "
+                           "drop accept_length from [study] objectives for this server")
+    return m.accept_length

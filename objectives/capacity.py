@@ -5,8 +5,9 @@ from tuner.measure import Measurement
 name = "capacity"
 direction = "maximize"
 unit = "requests"
-description = "min(max_running_requests, max_total_num_tokens // request_tokens)"
+description = "min(max_running_requests, max_total_num_tokens // request_tokens), summed over DP ranks"
 
 
 def score(m: Measurement) -> float:
-    return float(min(m.max_running_requests, m.max_total_num_tokens // m.request_tokens))
+    # Per rank, then summed: a request cannot span ranks (Measurement.capacity).
+    return float(m.capacity)

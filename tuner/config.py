@@ -134,6 +134,7 @@ class TargetConfig(_Section):
     poll_interval_s: float = Field(default=0.5, gt=0, le=5)
     workdir: str = "~/.cache/sglang-tuner"
     api_key_env: str | None = None  # name of the environment variable that holds --api-key
+    admin_api_key_env: str | None = None  # ... that holds --admin-api-key (/flush_cache needs it then)
     leave_best: bool = False  # systemd: keep the best configuration applied at the end
 
     @field_validator("url")
@@ -175,6 +176,9 @@ class TargetConfig(_Section):
         """The server's API key, from the environment variable `api_key_env` names (never
         from a file the study could record)."""
         return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+    def admin_api_key(self) -> str | None:
+        return os.environ.get(self.admin_api_key_env) if self.admin_api_key_env else None
 
 
 class ServerConfig(_Section):
@@ -264,6 +268,9 @@ class BenchConfig(_Section):
     seed: int = 0
     request_timeout_s: float = Field(default=600.0, gt=0)  # one whole request
     stall_timeout_s: float = Field(default=60.0, gt=0)  # no byte from the server for this long: it hangs
+    # A thinking model (--reasoning-parser): "server" measures it as the server serves it;
+    # "on"/"off" ask for it per request (chat_template_kwargs.enable_thinking).
+    thinking: Literal["server", "on", "off"] = "server"
 
     @field_validator("concurrency")
     @classmethod
@@ -384,11 +391,13 @@ def _check_cross(config: Config) -> None:
         )
     if config.target.manager == "process" and config.target.is_remote and config.target.leave_best:
         raise ConfigError(f"{config.path} [target] leave_best: applies to manager = \"systemd\" only")
-    if config.target.api_key_env and config.target.api_key_env not in os.environ:
-        raise ConfigError(
-            f"{config.path} [target] api_key_env: environment variable "
-            f"{config.target.api_key_env} is not set; export it with the server's API key"
-        )
+    for key in ("api_key_env", "admin_api_key_env"):
+        name = getattr(config.target, key)
+        if name and name not in os.environ:
+            raise ConfigError(
+                f"{config.path} [target] {key}: environment variable {name} is not set; "
+                f"export it with the server's {'admin ' if key.startswith('admin') else ''}API key"
+            )
     for key in ("identity_file", "known_hosts"):
         value = getattr(config.target, key)
         if value and not os.path.exists(os.path.expanduser(value)):

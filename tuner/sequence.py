@@ -19,7 +19,7 @@ from tuner.sglang_args import Params
 from tuner.target.client import ServerClient, ServerInfo
 from tuner.target.control import ServiceControl, control_for
 from tuner.target.host import Shell, connect
-from tuner.target.launch import LaunchSpec, launch_spec
+from tuner.target.launch import LaunchSpec, command_spec, launch_spec
 from tuner.target.readiness import Ready, wait_ready
 
 __all__ = ["Target", "connected", "launch", "measure_server", "launch_and_measure"]
@@ -38,7 +38,13 @@ class Target:
     api_key: str | None
 
     def spec(self, params: Params, extra: list[str] | None = None) -> LaunchSpec:
-        return launch_spec(self.config.server, params, api_key=self.api_key, extra=extra)
+        return launch_spec(self.config.server, params, api_key=self.api_key, extra=extra,
+                           admin_api_key=self.config.target.admin_api_key())
+
+    def command_spec(self, command, params: Params | None = None) -> LaunchSpec:
+        """A launch of exactly `command` (a baseline, a schedule's adaptive server)."""
+        return command_spec(self.config.server, command, api_key=self.api_key, params=params,
+                            admin_api_key=self.config.target.admin_api_key())
 
 
 @contextmanager
@@ -49,7 +55,7 @@ def connected(config: Config, *, control: Callable[[Shell], ServiceControl] | No
     `restore=False` leaves what was launched running (`tuner.best --apply`)."""
     shell = connect(config.target)
     api_key = config.target.api_key()
-    client = ServerClient(config.target.url, api_key=api_key)
+    client = ServerClient(config.target.url, api_key=api_key, admin_api_key=config.target.admin_api_key())
     try:
         ctl = (control or (lambda sh: control_for(config, sh)))(shell)
         with ctl if restore else nullcontext(ctl):

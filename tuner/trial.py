@@ -31,7 +31,7 @@ from tuner.sequence import Target, launch, measure_server
 from tuner.sglang_args import Params, redact
 from tuner.target.client import ServerInfo
 from tuner.target.diagnose import runtime_memory_failure
-from tuner.target.launch import LaunchSpec, command_spec
+from tuner.target.launch import LaunchSpec
 
 __all__ = ["TrialRunner", "WORKER"]
 
@@ -72,7 +72,7 @@ class TrialRunner:
 
     def run_baseline(self, study: optuna.Study, kind: str, command) -> optuna.trial.FrozenTrial:
         """Measure one baseline like a trial, into the sibling study; never stops the run."""
-        spec = command_spec(self.config.server, command, api_key=self.target.api_key)
+        spec = self.target.command_spec(command)
         trial = study.ask()
         trial.set_user_attr(record.BASELINE, kind)
         self._record_launch(trial, spec, flags=None)
@@ -124,10 +124,14 @@ class TrialRunner:
         c = self.config.constraints
         if c.p99_itl_ms is not None or c.ttft_ms is not None:
             trial.set_user_attr(record.CONSTRAINTS, m.slo_values(p99_itl_ms=c.p99_itl_ms, ttft_ms=c.ttft_ms))
+        try:
+            values = score(self.objectives, m)
+        except MeasureError as exc:  # an objective the server cannot supply (accept length unknown)
+            self._failed(trial, spec, str(exc), state="FAIL")
+            raise
         self.target.control.poll()  # collect the rest of the log
         self._save_log(trial, spec)
         self.target.control.stop()
-        values = score(self.objectives, m)
         self._record_hypervolume(trial, values)
         self._note(trial, "COMPLETE", values)
         return values

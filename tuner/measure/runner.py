@@ -10,10 +10,17 @@ Order (each phase's definition is in the README, "What the figures mean"):
 4. concurrent phase, per concurrency level: a closed loop keeping `concurrency` requests in
    flight until `concurrent_requests` have been sent; the rate counts only the steady window
    (all slots busy), not the ramp-up or the drain;
-5. accept length read from `/server_info`: the server's own average over phases 3-4.
+5. accept length per request: completion tokens over verify steps (`spec_verify_ct`), summed
+   over phases 3-4, from the chat stream's `sglext.spec_tokens_details` (0.5.23, asked with
+   `return_spec_tokens_details`) or, on servers without it, from native `/generate` requests'
+   `meta_info`.  The server's `avg_spec_accept_length` is kept as a cross-check only: SGLang
+   folds its counters every `--decode-log-interval` (40) decode steps per rank, so a short
+   phase reads stale or nothing (docs/sglang-real-server.md rows 5, 6).  Unknown stays unknown.
 
 Tokens are counted from each response's `usage`, never from stream chunks: SGLang sends every
-token accepted in one verify step as one chunk.
+token accepted in one verify step as one chunk.  A thinking model's first token may be
+thinking (`delta.reasoning_content`) or a tool call: the first token of any kind starts the
+clock, and a request that is all thinking counts (row 7).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import httpx
 import openai
 from scipy import stats
 
-from tuner.target.client import ServerClient, ServerInfo
+from tuner.target.client import Rank, ServerClient, ServerInfo
 from tuner.config import BenchConfig
 from tuner.errors import MeasureError
 from tuner.measure.workload import Prompt, Workload
@@ -48,6 +55,8 @@ class RequestResult:
     end: float
     chunk_times: tuple[float, ...] = ()
     finish_reason: str | None = None
+    reasoning_tokens: int | None = None  # of completion_tokens, thinking (usage), when reported
+    spec_verify_ct: int | None = None  # verify steps (sglext.spec_tokens_details), when reported
 
     @property
     def ttft_s(self) -> float:
@@ -88,10 +97,10 @@ class Measurement:
     single_ci95: tuple[float, float]
     concurrent_tps_by_level: dict[int, float]
     concurrent_window_s: dict[int, float]
-    max_total_num_tokens: int
-    max_running_requests: int
+    max_total_num_tokens: int  # summed over DP ranks
+    max_running_requests: int  # effective, summed over DP ranks
     request_tokens: int
-    accept_length: float | None
+    accept_length: float | None  # completion tokens / verify steps over the measured requests; None if unknown
     ttft_ms: float
     ttft_p90_ms: float
     ttft_p99_ms: float
@@ -109,6 +118,18 @@ class Measurement:
     greedy_inflation: float | None = None  # single_tps with ignore_eos / without, same prompts
     concurrent_ttft_p99_ms: float = float("nan")
     concurrent_phase_tps_by_level: dict[int, float] = field(default_factory=dict)  # ramp-up and drain included
+    ranks: tuple[Rank, ...] = ()  # each DP rank's own capacity
+    server_accept_length: float | None = None  # avg_spec_accept_length: a cross-check only
+    accept_length_source: str = "unknown"  # "sglext" | "generate" | "no speculation" | "unknown"
+    thinking_tokens: int | None = None  # completion tokens that were thinking (usage.reasoning_tokens)
+
+    @property
+    def capacity(self) -> int:
+        """Running requests of `request_tokens` the server holds at once: per DP rank
+        min(its running cap, its KV tokens // request_tokens), summed (a request cannot span
+        ranks)."""
+        ranks = self.ranks or (Rank(self.max_total_num_tokens, self.max_running_requests),)
+        return sum(min(r.max_running_requests, r.max_total_num_tokens // self.request_tokens) for r in ranks)
 
     def slo_values(self, *, p99_itl_ms: float | None, ttft_ms: float | None) -> list[float]:
         """Optuna constraint values (<= 0 is feasible) for SLOs under load: the p99 ITL and
@@ -188,6 +209,35 @@ def steady_window_rate(results: list[RequestResult], concurrency: int) -> tuple[
     return tokens / (closes - opens), closes - opens
 
 
+def _carries_tokens(delta) -> bool:
+    """A stream delta with generated tokens of any kind: the answer, thinking
+    (`reasoning_content`, an SGLang extension field) or a tool call."""
+    if delta is None:
+        return False
+    extra = delta.model_extra or {}
+    return bool(delta.content or extra.get("reasoning_content") or delta.tool_calls)
+
+
+def _spec_details(chunk) -> dict | None:
+    """`sglext.spec_tokens_details` of a chunk (0.5.23 sends it in a chunk of its own, before
+    the usage chunk: serving_chat.py · _generate_chat_stream)."""
+    sglext = (chunk.model_extra or {}).get("sglext")
+    details = sglext.get("spec_tokens_details") if isinstance(sglext, dict) else None
+    if isinstance(details, list):  # one per choice (n > 1)
+        details = details[0] if details else None
+    return details if isinstance(details, dict) else None
+
+
+def _reasoning_tokens(usage) -> int | None:
+    """Thinking tokens of a completion: SGLang 0.5.23's usage.reasoning_tokens, or OpenAI's
+    completion_tokens_details.reasoning_tokens; None when the server does not count them."""
+    value = (usage.model_extra or {}).get("reasoning_tokens")
+    details = getattr(usage, "completion_tokens_details", None)
+    if not value and details is not None and details.reasoning_tokens:
+        value = details.reasoning_tokens
+    return int(value) if value else None
+
+
 class _Runner:
     def __init__(self, url: str, api_key: str | None, bench: BenchConfig, model: str):
         self.bench = bench
@@ -201,6 +251,9 @@ class _Runner:
         )
         self.sent = 0
         self.ignore_eos = bench.ignore_eos
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.AsyncClient(base_url=url.rstrip("/"), headers=headers, trust_env=False,
+                                      timeout=httpx.Timeout(bench.request_timeout_s, read=bench.stall_timeout_s, connect=10.0))
 
     async def one(self, prompt: Prompt, max_tokens: int) -> RequestResult:
         try:
@@ -210,12 +263,13 @@ class _Runner:
 
     async def _one(self, prompt: Prompt, max_tokens: int) -> RequestResult:
         self.sent += 1
-        extra = {"ignore_eos": True} if self.ignore_eos else {}
+        extra = self._extra_body()
         start = time.monotonic()
         first = None
         chunk_times: list[float] = []
         usage = None
         finish = None
+        details = None
         try:
             stream = await self.client.chat.completions.create(
                 model=self.model,
@@ -231,12 +285,13 @@ class _Runner:
             async for chunk in stream:
                 if chunk.choices:
                     choice = chunk.choices[0]
-                    if choice.delta is not None and choice.delta.content:
+                    if _carries_tokens(choice.delta):
                         now = time.monotonic()
                         first = first or now
                         chunk_times.append(now)
                     if choice.finish_reason:
                         finish = choice.finish_reason
+                details = _spec_details(chunk) or details
                 if chunk.usage is not None:
                     usage = chunk.usage
         except openai.APIStatusError as exc:
@@ -258,9 +313,36 @@ class _Runner:
             end=end,
             chunk_times=tuple(chunk_times),
             finish_reason=finish,
+            reasoning_tokens=_reasoning_tokens(usage),
+            spec_verify_ct=details.get("spec_verify_ct") if details else None,
         )
 
+    def _extra_body(self) -> dict:
+        # Unknown fields are ignored by SGLang's request models (0.5.9 too); 0.5.23 answers
+        # return_spec_tokens_details with sglext.spec_tokens_details in the stream.
+        extra: dict = {"return_spec_tokens_details": True}
+        if self.ignore_eos:
+            extra["ignore_eos"] = True
+        if self.bench.thinking != "server":
+            extra["chat_template_kwargs"] = {"enable_thinking": self.bench.thinking == "on"}
+        return extra
+
+    async def generate(self, prompt: Prompt, max_tokens: int) -> tuple[int, int | None]:
+        """One native `/generate` request: (completion tokens, spec_verify_ct) from its
+        meta_info (tokenizer_manager.py · _calculate_spec_decoding_metrics)."""
+        body = {"text": prompt.text, "sampling_params": {"max_new_tokens": max_tokens, "temperature": self.bench.temperature,
+                                                         "top_p": self.bench.top_p, "ignore_eos": self.ignore_eos}}
+        try:
+            res = await self.http.post("/generate", json=body)
+        except httpx.HTTPError as exc:
+            raise MeasureError(f"/generate: {exc}; the server stopped answering") from exc
+        if res.status_code != 200:
+            return 0, None
+        meta = res.json().get("meta_info") or {}
+        return int(meta.get("completion_tokens") or 0), meta.get("spec_verify_ct")
+
     async def close(self) -> None:
+        await self.http.aclose()
         await self.client.close()
 
 
@@ -368,13 +450,33 @@ async def _measure(
         await asyncio.to_thread(client.flush_cache)
         single = await _single_phase(runner, bench, workload, progress)
         conc = await _concurrent_phases(runner, bench, workload, progress)
-        accept = await asyncio.to_thread(client.accept_length)
+        accept = await _accept_length(runner, info, bench, workload, single.results + conc.results)
+        server_accept = await asyncio.to_thread(client.accept_length)
     finally:
         await runner.close()
-    return _measurement(bench, info, single, conc, accept, duration_s=time.monotonic() - began)
+    return _measurement(bench, info, single, conc, accept, server_accept, duration_s=time.monotonic() - began)
 
 
-def _measurement(bench: BenchConfig, info: ServerInfo, single: _Single, conc: _Concurrent, accept, *, duration_s: float) -> Measurement:
+async def _accept_length(runner: "_Runner", info: ServerInfo, bench: BenchConfig, workload: Workload,
+                         results: list[RequestResult]) -> tuple[float | None, str]:
+    """Tokens per verify step over the measured requests, and where it came from."""
+    if not info.speculative:
+        return 1.0, "no speculation"  # one token per forward: exact, not a default
+    counted = [r for r in results if r.spec_verify_ct]
+    if counted and len(counted) == len(results):
+        return sum(r.completion_tokens for r in counted) / sum(r.spec_verify_ct for r in counted), "sglext"
+    # A server without per-request details on the chat route (0.5.9): the same prompts
+    # through native /generate, whose meta_info carries spec_verify_ct.
+    pairs = [await runner.generate(p, bench.max_tokens) for p in workload.for_phase("single", bench.single_requests)]
+    pairs = [(tokens, ct) for tokens, ct in pairs if ct]
+    if pairs:
+        return sum(t for t, _ in pairs) / sum(ct for _, ct in pairs), "generate"
+    return None, "unknown"
+
+
+def _measurement(bench: BenchConfig, info: ServerInfo, single: _Single, conc: _Concurrent, accept: tuple[float | None, str],
+                 server_accept: float | None, *, duration_s: float) -> Measurement:
+    thinking = [r.reasoning_tokens for r in single.results + conc.results if r.reasoning_tokens is not None]
     ttfts = [r.ttft_s * 1000 for r in single.results]
     itls = [x * 1000 for r in single.results for x in r.itl_s()]
     e2es = [(r.end - r.start) * 1000 for r in single.results]
@@ -387,7 +489,11 @@ def _measurement(bench: BenchConfig, info: ServerInfo, single: _Single, conc: _C
         max_total_num_tokens=info.max_total_num_tokens,
         max_running_requests=info.max_running_requests,
         request_tokens=bench.request_tokens,
-        accept_length=accept,
+        accept_length=accept[0],
+        accept_length_source=accept[1],
+        server_accept_length=server_accept,
+        ranks=info.ranks,
+        thinking_tokens=sum(thinking) if thinking else None,
         ttft_ms=statistics.median(ttfts),
         ttft_p90_ms=_pct(ttfts, 0.9),
         ttft_p99_ms=_pct(ttfts, 0.99),

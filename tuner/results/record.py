@@ -19,7 +19,8 @@ __all__ = [
     "LAUNCH_COMMAND", "FLAGS", "TARGET", "URL", "WORKER", "FAIL_REASON", "FAILURE_KIND", "LOG_TAIL",
     "MAX_TOTAL_NUM_TOKENS", "MAX_RUNNING_REQUESTS", "ACCEPT_LENGTH", "TTFT_MS", "STARTUP_S",
     "SGLANG_VERSION", "ACCELERATOR", "GPU_COUNT", "SERVER_MEM_FRACTION_STATIC", "HYPERVOLUME",
-    "DUPLICATE_OF", "RULED_OUT_BY", "RETRY_OF", "WARM_START", "BASELINE", "CONSTRAINTS",
+    "ATTENTION_BACKEND", "PAGE_SIZE", "SPECULATIVE_ADAPTIVE", "ARCHITECTURE", "DP_RANKS", "ACCEPT_LENGTH_SOURCE",
+    "SERVER_ACCEPT_LENGTH", "THINKING_TOKENS", "DUPLICATE_OF", "RULED_OUT_BY", "RETRY_OF", "WARM_START", "BASELINE", "CONSTRAINTS",
     "SERVER_LOG_ARTIFACT", "SINGLE_TPS_SPREAD", "SINGLE_TPS_CI95", "INTERRUPTED",
     "params_of", "record_launch", "record_server", "record_measurement", "record_failure", "SETTLED_COPY_SKIPS",
 ]
@@ -42,10 +43,20 @@ SGLANG_VERSION = "sglang_version"
 ACCELERATOR = "accelerator"
 GPU_COUNT = "gpu_count"
 SERVER_MEM_FRACTION_STATIC = "server_mem_fraction_static"
+# What actually ran, read back (topk > 1 silently switches fa3 to flashinfer on Hopper; SGLang
+# falls back from adaptive to static silently): it confounds the searched flags.
+ATTENTION_BACKEND = "attention_backend"
+PAGE_SIZE = "page_size"
+SPECULATIVE_ADAPTIVE = "speculative_adaptive"
+ARCHITECTURE = "architecture"
+DP_RANKS = "dp_ranks"  # [{"max_total_num_tokens": .., "max_running_requests": ..}, ...] per DP rank
 
 # -- the measurement -------------------------------------------------------------------------
 ACCEPT_LENGTH = "accept_length"  # contract
 TTFT_MS = "ttft_ms"  # contract
+ACCEPT_LENGTH_SOURCE = "accept_length_source"  # "sglext" | "generate" | "no speculation" | "unknown"
+SERVER_ACCEPT_LENGTH = "server_accept_length"  # avg_spec_accept_length: a cross-check only
+THINKING_TOKENS = "thinking_tokens"  # completion tokens that were thinking
 SINGLE_TPS_SPREAD = "single_tps_spread"
 SINGLE_TPS_CI95 = "single_tps_ci95"
 CONSTRAINTS = "constraints"
@@ -88,8 +99,12 @@ def record_server(trial, info: ServerInfo, startup_s: float) -> None:
         trial.set_user_attr(SERVER_MEM_FRACTION_STATIC, info.args.get("mem_fraction_static"))
     trial.set_user_attr(MAX_TOTAL_NUM_TOKENS, info.max_total_num_tokens)
     trial.set_user_attr(MAX_RUNNING_REQUESTS, info.max_running_requests)
-    for key, value in ((SGLANG_VERSION, info.version), (ACCELERATOR, info.accelerator), (GPU_COUNT, info.gpu_count)):
-        if value:
+    trial.set_user_attr(DP_RANKS, [{"max_total_num_tokens": r.max_total_num_tokens, "max_running_requests": r.max_running_requests}
+                                   for r in info.ranks])
+    for key, value in ((SGLANG_VERSION, info.version), (ACCELERATOR, info.accelerator), (GPU_COUNT, info.gpu_count),
+                       (ATTENTION_BACKEND, info.attention_backend), (PAGE_SIZE, info.page_size),
+                       (SPECULATIVE_ADAPTIVE, info.speculative_adaptive), (ARCHITECTURE, info.architecture)):
+        if value is not None:
             trial.set_user_attr(key, value)
 
 
@@ -98,7 +113,10 @@ def record_measurement(trial, m: Measurement) -> None:
     attrs: dict[str, Any] = {
         MAX_TOTAL_NUM_TOKENS: m.max_total_num_tokens,
         MAX_RUNNING_REQUESTS: m.max_running_requests,
-        ACCEPT_LENGTH: m.accept_length,
+        ACCEPT_LENGTH: round(m.accept_length, 4) if m.accept_length is not None else None,
+        ACCEPT_LENGTH_SOURCE: m.accept_length_source,
+        SERVER_ACCEPT_LENGTH: round(m.server_accept_length, 4) if m.server_accept_length is not None else None,
+        THINKING_TOKENS: m.thinking_tokens,
         TTFT_MS: round(m.ttft_ms, 2),
         "ttft_p90_ms": round(m.ttft_p90_ms, 2),
         "ttft_p99_ms": round(m.ttft_p99_ms, 2),

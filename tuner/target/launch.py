@@ -31,21 +31,24 @@ class LaunchSpec:
 
 
 def command_spec(server: ServerConfig, command: CommandLine | list[str], *, api_key: str | None = None,
-                 params: Params | None = None) -> LaunchSpec:
-    """A launch of exactly `command` (plus `--api-key` from the environment), with the
-    server's environment; secrets in either are scrubbed from what is recorded."""
+                 params: Params | None = None, admin_api_key: str | None = None) -> LaunchSpec:
+    """A launch of exactly `command` (plus `--api-key` / `--admin-api-key` from the
+    environment), with the server's environment; secrets in either are scrubbed from what is
+    recorded."""
     argv = command.argv() if isinstance(command, CommandLine) else list(command)
     secrets: tuple[str, ...] = ()
-    if api_key:
-        argv += ["--api-key", api_key]
-        secrets = (api_key,)
+    for flag, value in (("--api-key", api_key), ("--admin-api-key", admin_api_key)):
+        if value:
+            argv += [flag, value]
+            secrets += (value,)
     env_secrets = tuple(v for k, v in server.env.items() if any(h in k.upper() for h in SECRET_ENV_HINTS) and len(v) >= 4)
     return LaunchSpec(argv=tuple(argv), env=dict(server.env), params=params or Params(), secrets=secrets + env_secrets)
 
 
-def launch_spec(server: ServerConfig, params: Params, *, api_key: str | None = None, extra: list[str] | None = None) -> LaunchSpec:
+def launch_spec(server: ServerConfig, params: Params, *, api_key: str | None = None, extra: list[str] | None = None,
+                admin_api_key: str | None = None) -> LaunchSpec:
     """The trial's command: searched flags replaced by the trial's values.
 
     `extra` (tuner.bench --flags) replaces any option of the command it names as well."""
     command = server.command_line.with_params(params).with_args(extra or [])
-    return command_spec(server, command, api_key=api_key, params=params)
+    return command_spec(server, command, api_key=api_key, params=params, admin_api_key=admin_api_key)
