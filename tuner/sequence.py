@@ -8,6 +8,8 @@ waited for, measured and stopped the same way everywhere.
 
 from __future__ import annotations
 
+import shlex
+import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -15,7 +17,8 @@ from typing import Callable, Iterator
 from tuner.config import BenchConfig, Config
 from tuner.measure.runner import Measurement, measure
 from tuner.measure.workload import Workload
-from tuner.sglang_args import Params
+from tuner.errors import LaunchError
+from tuner.sglang_args import CommandLine, Params
 from tuner.target.client import ServerClient, ServerInfo
 from tuner.target.control import ServiceControl, control_for
 from tuner.target.host import Shell, connect
@@ -36,10 +39,11 @@ class Target:
     control: ServiceControl
     client: ServerClient
     api_key: str | None
+    command: CommandLine  # the operator's command as SGLang will read it (a --config file folded in)
 
     def spec(self, params: Params, extra: list[str] | None = None) -> LaunchSpec:
         return launch_spec(self.config.server, params, api_key=self.api_key, extra=extra,
-                           admin_api_key=self.config.target.admin_api_key())
+                           admin_api_key=self.config.target.admin_api_key(), command=self.command)
 
     def command_spec(self, command, params: Params | None = None) -> LaunchSpec:
         """A launch of exactly `command` (a baseline, a schedule's adaptive server)."""
@@ -61,21 +65,51 @@ def connected(config: Config, *, control: Callable[[Shell], ServiceControl] | No
         with ctl if restore else nullcontext(ctl):
             if prepare:
                 ctl.prepare()  # check the target; undo what a killed run left behind
-            yield Target(config, shell, ctl, client, api_key)
+            yield Target(config, shell, ctl, client, api_key, resolved_command(config, shell))
     finally:
         client.close()
         shell.close()
 
 
+def resolved_command(config: Config, shell: Shell) -> CommandLine:
+    """The configured command with a `--config FILE` folded in as SGLang merges it, the file
+    read through the target's shell; launches then pass every option inline, so removing the
+    speculative ones (the no-speculation baseline) really removes them."""
+    command = config.server.command_line
+
+    def read(path: str) -> str:
+        result = shell.run(f"cat {shlex.quote(path)}")
+        if not result.ok:
+            raise OSError(result.stderr.strip() or f"cat exited {result.exited}")
+        return result.stdout
+
+    return command.with_config_file(read) if command.has("config") else command
+
+
+# The previous server's processes may still hold its ports for a moment after it stopped
+# (utils/network.py · wait_port_available fails the launch with "... is not available in 30
+# seconds"): not the configuration's fault, so the launch is retried after they are gone.
+PORT_BUSY_RETRIES = 3
+
+
 def launch(target: Target, spec: LaunchSpec, *, phase: Phase = lambda _: None) -> Ready:
-    """Start `spec` (stopping what this control ran before) and wait until it is ready, or
-    raise `LaunchError` saying why it never will be."""
+    """Start `spec` (stopping what this control ran before, and waiting until its processes are
+    gone) and wait until it is ready, or raise `LaunchError` saying why it never will be."""
     cfg = target.config.target
-    phase("launching")
-    target.control.start(spec)
-    phase("waiting for the server")
-    return wait_ready(target.control, target.client, params=spec.params, timeout_s=cfg.ready_timeout_s,
-                      poll_s=cfg.poll_interval_s, url=cfg.url)
+    for attempt in range(PORT_BUSY_RETRIES + 1):
+        phase("launching")
+        target.control.start(spec)
+        phase("waiting for the server")
+        try:
+            return wait_ready(target.control, target.client, params=spec.params, timeout_s=cfg.ready_timeout_s,
+                              poll_s=cfg.poll_interval_s, url=cfg.url)
+        except LaunchError as exc:
+            if exc.kind != "port_busy" or attempt == PORT_BUSY_RETRIES:
+                raise
+            phase(f"{exc.reason}; launching again ({attempt + 1}/{PORT_BUSY_RETRIES})")
+            target.control.stop()  # waits until every process of the group is gone
+            time.sleep(2.0 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 def measure_server(target: Target, info: ServerInfo, workload: Workload, *, phase: Phase = lambda _: None,

@@ -75,7 +75,7 @@ def _measure_baselines(config: Config, runner: TrialRunner, study: optuna.Study,
     """The baselines this study has not measured yet (once per study)."""
     storage = storage_of(study)
     have = baselines.load(storage, study.study_name)
-    command = config.server.command_line
+    command = runner.target.command
     todo = [k for k in baselines.KINDS if k not in have and baselines.baseline_command(command, k) is not None]
     if not todo:
         return have
@@ -121,7 +121,7 @@ def run_study(config: Config, *, trials: int, sampler_name: str | None = None, s
             reporter.warning(IGNORE_EOS_WARNING)
         result.baselines = _measure_baselines(config, runner, study, reporter) if config.study.baselines else {}
         if config.study.enqueue_current:
-            warm_start(config, study)
+            warm_start(config, study, command=target.command)
         before = len(study.trials)
         try:
             study.optimize(runner, n_trials=trials, timeout=timeout_s, catch=(MeasureError,), gc_after_trial=False,

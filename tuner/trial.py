@@ -27,6 +27,7 @@ from tuner.results import artifacts, hypervolume, notes, record
 from tuner.search import history
 from tuner.search.recovery import recover_stale_trials
 from tuner.search.space import suggest
+from tuner.search.warm_start import family_default_from_server
 from tuner.sequence import Target, launch, measure_server
 from tuner.sglang_args import Params, redact
 from tuner.target.client import ServerInfo
@@ -55,7 +56,7 @@ class TrialRunner:
         self.objectives = objectives
         self.reporter = reporter
         self.store = store
-        self.base = config.server.command_line.params()
+        self.base = target.command.params()
         self.fatal: LaunchError | None = None
         self.hardware_checked = False  # this worker's GPUs match the study's (after its first launch)
 
@@ -84,7 +85,10 @@ class TrialRunner:
             return study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         except (LaunchError, MeasureError) as exc:
             self.fatal = None  # a baseline SGLang cannot run is noted, not a reason to stop
-            trial.set_user_attr(record.FAIL_REASON, trial.user_attrs.get(record.FAIL_REASON) or str(exc))
+            reason = trial.user_attrs.get(record.FAIL_REASON) or str(exc)
+            if kind == "adaptive" and "--speculative-adaptive" in reason:
+                reason = "not available on this SGLang (it has no --speculative-adaptive; 0.5.23 has)"
+            trial.set_user_attr(record.FAIL_REASON, reason)
             return study.tell(trial, state=optuna.trial.TrialState.FAIL)
         except BaseException:
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
@@ -98,6 +102,8 @@ class TrialRunner:
             ready = launch(self.target, spec, phase=phase)
             self._check_hardware(trial, ready.info)
             record.record_server(trial, ready.info, ready.startup_s)
+            if self.config.study.enqueue_current and record.BASELINE not in trial.user_attrs:
+                family_default_from_server(self.config, trial.study, ready.info.architecture, self.target.command)
             m = measure_server(self.target, ready.info, self.workload, phase=phase)
         except KeyboardInterrupt:
             self._failed(trial, spec, record.INTERRUPTED, state="FAIL")
@@ -106,10 +112,13 @@ class TrialRunner:
             record.record_failure(trial, redact(str(exc), spec.secrets))
             raise
         except LaunchError as exc:
-            self._failed(trial, spec, exc.reason, kind=exc.kind, log=exc.log_tail, state="FAIL" if exc.fatal else "PRUNED")
+            prunes = not exc.fatal and exc.kind != "port_busy"  # a held port is not these parameters' fault
+            self._failed(trial, spec, exc.reason, kind=exc.kind, log=exc.log_tail, state="PRUNED" if prunes else "FAIL")
             if exc.fatal:
                 self.fatal = exc
                 raise
+            if not prunes:
+                raise MeasureError(exc.reason) from None
             raise optuna.TrialPruned(exc.reason) from None
         except MeasureError as exc:
             reason = self._measure_failure(str(exc))

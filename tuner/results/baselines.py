@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.results import record
 from tuner.results.picks import DEFAULT_NOISE, measured_front
 from tuner.sglang_args import ADAPTIVE_ALGORITHMS, SPECULATIVE_SHAPE, CommandLine
 
@@ -61,6 +62,16 @@ class Comparison:
     adds_nothing: bool
 
 
+def _caps(front: list[FrozenTrial], base: FrozenTrial) -> str:
+    """The running-request cap each arm ran with: speculation defaults to 48, no speculation to
+    thousands (docs/sglang-real-server.md row 14), so the arms differ unless set explicitly."""
+    tuned = sorted({t.user_attrs.get(record.MAX_RUNNING_REQUESTS) for t in front} - {None})
+    mine = base.user_attrs.get(record.MAX_RUNNING_REQUESTS)
+    if not tuned or mine is None:
+        return ""
+    return f" (max_running_requests: tuned {'/'.join(map(str, tuned))}, this arm {mine})"
+
+
 def compare(study: optuna.Study, baselines: dict[str, FrozenTrial]) -> list[Comparison]:
     names = list(study.metric_names or [])
     front = measured_front(study)
@@ -80,6 +91,9 @@ def compare(study: optuna.Study, baselines: dict[str, FrozenTrial]) -> list[Comp
             gains.append(gain)
             lines.append(f"{name} {best:,.1f} vs {ref:,.1f} ({gain:+.0%})")
         nothing = all(g <= DEFAULT_NOISE for g in gains)
-        head = f"over {kind.replace('_', ' ')}: " + ("static tuning adds nothing beyond measurement noise; " if nothing else "")
-        out.append(Comparison(kind, [head + "; ".join(lines)], nothing))
+        label = kind.replace('_', ' ')
+        if kind == "adaptive" and base.user_attrs.get(record.SPECULATIVE_ADAPTIVE) is False:
+            label += " (SGLang fell back to static steps: speculative_adaptive is false)"
+        head = f"over {label}: " + ("static tuning adds nothing beyond measurement noise; " if nothing else "")
+        out.append(Comparison(kind, [head + "; ".join(lines) + _caps(front, base)], nothing))
     return out

@@ -8,6 +8,8 @@ from typing import Any
 
 import optuna
 
+from tuner.results import record
+
 __all__ = ["trial_note", "save"]
 
 
@@ -44,6 +46,18 @@ def trial_note(*, state: str, attrs: dict[str, Any], metric_names: list[str] | N
                        ("startup_s", "start-up s"), ("sglang_version", "SGLang version")):
         if attrs.get(key) is not None:
             lines.append(f"- {label}: {_f(attrs[key], 2 if key in ('accept_length', 'greedy_inflation') else 1)}")
+    if attrs.get(record.ACCEPT_LENGTH_SOURCE):
+        lines.append(f"- accept length from: {attrs[record.ACCEPT_LENGTH_SOURCE]} (server's folded figure {_f(attrs.get(record.SERVER_ACCEPT_LENGTH), 2)})")
+    if attrs.get(record.THINKING_TOKENS) is not None:
+        lines.append(f"- thinking tokens: {_f(attrs[record.THINKING_TOKENS])} of {_f(attrs.get('completion_tokens'))} completion tokens")
+    ranks = attrs.get(record.DP_RANKS) or []
+    if len(ranks) > 1:
+        lines.append("- DP ranks: " + "; ".join(f"rank {i}: {_f(r['max_total_num_tokens'])} KV tokens, {_f(r['max_running_requests'])} running"
+                                                for i, r in enumerate(ranks)))
+    ran = [f"{label} {attrs[key]}" for key, label in ((record.ATTENTION_BACKEND, "attention backend"), (record.PAGE_SIZE, "page size"),
+                                                        (record.SPECULATIVE_ADAPTIVE, "speculative_adaptive")) if attrs.get(key) is not None]
+    if ran:
+        lines.append("- what ran (read back from /server_info): " + ", ".join(ran))
     if attrs.get("fail_reason"):
         lines += ["", f"**Why:** {attrs['fail_reason']}"]
     if attrs.get("log_tail"):

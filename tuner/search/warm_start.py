@@ -8,9 +8,9 @@ import optuna
 from tuner.config import Choices, Config
 from tuner.results import record
 from tuner.search.space import draft_token_bounds
-from tuner.sglang_args import Params, family_default
+from tuner.sglang_args import CommandLine, Params, family_default
 
-__all__ = ["warm_start", "architecture_guess"]
+__all__ = ["warm_start", "architecture_guess", "family_default_from_server"]
 
 
 def architecture_guess(model_path: str) -> str | None:
@@ -52,11 +52,12 @@ def _in_space(config: Config, p: Params) -> dict:
     return {k: v for k, v in params.items() if v is not None}
 
 
-def warm_start(config: Config, study: optuna.Study, architecture: str | None = None) -> list[dict]:
+def warm_start(config: Config, study: optuna.Study, architecture: str | None = None,
+               command: CommandLine | None = None) -> list[dict]:
     """Enqueue, on a new study, the current shape and SGLang's family default; what was queued."""
     if study.trials:
         return []
-    command = config.server.command_line
+    command = command or config.server.command_line
     current = command.params()
     architecture = architecture or architecture_guess(command.model_path)
     steps, topk, draft = family_default(architecture, command.algorithm)
@@ -71,3 +72,22 @@ def warm_start(config: Config, study: optuna.Study, architecture: str | None = N
             study.enqueue_trial(params, user_attrs={record.WARM_START: label}, skip_if_exists=True)
             queued.append(params)
     return queued
+
+
+def family_default_from_server(config: Config, study: optuna.Study, architecture: str | None,
+                               command: CommandLine | None = None) -> dict | None:
+    """Once a server has said what it is (`/model_info.architectures[0]`), queue SGLang's real
+    default for that architecture if the warm start guessed another from the model path.
+    Recorded on the study so it happens once; returns what was queued."""
+    if not architecture or study.user_attrs.get(record.ARCHITECTURE):
+        return None
+    study.set_user_attr(record.ARCHITECTURE, architecture)
+    command = command or config.server.command_line
+    guessed = family_default(architecture_guess(command.model_path), command.algorithm)
+    actual = family_default(architecture, command.algorithm)
+    if actual == guessed:
+        return None
+    params = _in_space(config, Params(*actual, None))
+    if params:
+        study.enqueue_trial(params, user_attrs={record.WARM_START: "sglang_default"}, skip_if_exists=True)
+    return params or None

@@ -46,9 +46,11 @@ def command_spec(server: ServerConfig, command: CommandLine | list[str], *, api_
 
 
 def launch_spec(server: ServerConfig, params: Params, *, api_key: str | None = None, extra: list[str] | None = None,
-                admin_api_key: str | None = None) -> LaunchSpec:
+                admin_api_key: str | None = None, command: CommandLine | None = None) -> LaunchSpec:
     """The trial's command: searched flags replaced by the trial's values.
 
-    `extra` (tuner.bench --flags) replaces any option of the command it names as well."""
-    command = server.command_line.with_params(params).with_args(extra or [])
+    `command` is the operator's command as resolved on the target (a `--config` file folded
+    in), default the configured one; `extra` (tuner.bench --flags) replaces any option of the
+    command it names as well."""
+    command = (command or server.command_line).with_params(params).with_args(extra or [])
     return command_spec(server, command, api_key=api_key, params=params, admin_api_key=admin_api_key)

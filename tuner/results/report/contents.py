@@ -12,6 +12,7 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.results.record import params_of
 from tuner.results.hypervolume import study_history
 from tuner.results.picks import measured_front, pick
+from tuner.results import record
 from tuner.sglang_args import Params
 from tuner.results.terminal import PARAM_COLUMNS, fmt
 
@@ -166,7 +167,7 @@ def notes_for(trials: list[FrozenTrial], complete: list[FrozenTrial]) -> list[st
 
 
 def pareto_for(study: optuna.Study, names: list[str], choices: list[Choice]) -> Table:
-    header = ["trial", *(short for _, short in PARAM_COLUMNS), *names, "accept", "max_running", "kv_tokens", "picked for"]
+    header = ["trial", *(short for _, short in PARAM_COLUMNS), *names, "accept", "max_running", "kv_tokens", "backend / page", "picked for"]
     picked: dict[int, list[str]] = {}
     for c in choices:
         picked.setdefault(c.trial, []).append(c.label)
@@ -179,6 +180,8 @@ def pareto_for(study: optuna.Study, names: list[str], choices: list[Choice]) -> 
             fmt(t.user_attrs.get("accept_length"), 2),
             fmt(t.user_attrs.get("max_running_requests")),
             fmt(t.user_attrs.get("max_total_num_tokens")),
+            # What actually ran: topk > 1 silently switches fa3 to flashinfer on Hopper.
+            f"{t.user_attrs.get(record.ATTENTION_BACKEND) or '-'} / {t.user_attrs.get(record.PAGE_SIZE) or '-'}",
             ", ".join(picked.get(t.number, [])),
         ])
     return Table(header, rows)
