@@ -194,11 +194,12 @@ class ServerConfig(_Section):
             raise ValueError(f"cannot split the command into arguments: {exc}") from None
         if not argv:
             raise ValueError("the launch command is empty")
-        if "--api-key" in argv or any(a.startswith("--api-key=") for a in argv):
-            raise ValueError(
-                "has --api-key in clear text; put the key in an environment variable and set "
-                "[target] api_key_env to its name"
-            )
+        for flag, key in (("--api-key", "api_key_env"), ("--admin-api-key", "admin_api_key_env")):
+            if flag in argv or any(a.startswith(flag + "=") for a in argv):
+                raise ValueError(
+                    f"has {flag} in clear text; put the key in an environment variable and set "
+                    f"[target] {key} to its name"
+                )
         return value
 
     @field_validator("env")
