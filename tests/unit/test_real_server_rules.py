@@ -14,6 +14,8 @@ GRAPH_OOMS = [
     "RuntimeError: Capture frozen-KV MTP cuda graph failed: CUDA error: out of memory",
     "Exception: Capture cuda graph failed: NCCL error in: ... ncclUnhandledCudaError: Call to CUDA function failed.\n"
     "NCCL WARN Cuda failure 2 'out of memory'",
+    "Exception: Capture cuda graph failed: NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:77, unhandled cuda "
+    "error\nncclUnhandledCudaError: Call to CUDA function failed.\nLast error:\nCuda failure 2 'out of memory'",
 ]
 
 

@@ -50,7 +50,7 @@ _FATAL = (
 # the runtime API's codes, NCCL's allocation failures.  Not the KV pool running short.
 GPU_OOM = re.compile(
     r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation"
-    r"|NCCL (?:WARN|error).*(?:out of memory|Failed to CUDA calloc|cudaMalloc)|Cuda failure 'out of memory'",
+    r"|NCCL (?:WARN|error).*(?:out of memory|Failed to CUDA calloc|cudaMalloc)|Cuda failure (?:\d+ )?'out of memory'",
     re.I,
 )
 # "Capture cuda graph failed: {e}" (decode and EAGLE draft runners), "Capture prefill CUDA graph
