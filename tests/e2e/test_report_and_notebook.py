@@ -97,9 +97,11 @@ def test_report_has_the_front_the_picks_with_flags_and_every_plot(study_config, 
     assert "1 duplicate(s) of an earlier trial" in page
 
     # The Pareto table: the terminal's columns, one row per measured front trial (the duplicate left out).
-    header = ["trial", "steps", "topk", "draft", "mem", *names, "accept", "max_running", "kv_tokens"]
+    # "backend / page": what actually ran (read back from /server_info), since it confounds topk.
+    header = ["trial", "steps", "topk", "draft", "mem", *names, "accept", "max_running", "kv_tokens", "backend / page"]
     assert "".join(f"<th>{h}</th>" for h in header) in page
     assert "| " + " | ".join(header) + " | picked for |" in md
+    assert "flashinfer / 1" in md
     front = measured_front(study)
     assert front and all(t.number != 1 for t in front)
     table = page.split("<h2>Pareto front</h2>")[1].split("</table>")[0]
