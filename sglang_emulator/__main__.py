@@ -30,6 +30,8 @@ import time
 import traceback
 
 from . import model as m
+from .adaptive import BUILT_LOG, AdaptiveSpeculativeParams, graph_states
+from .adaptive import worker_logger as adaptive_logger
 from .args import Resolved, model_not_found, parse_args, resolve
 from .profiles import find_profile
 
@@ -56,7 +58,7 @@ class _Formatter(logging.Formatter):
         self.every_record = every_record
 
     def format(self, record: logging.LogRecord) -> str:
-        scheduler_side = self.every_record or record.name.startswith(("sglang.srt.managers", "sglang.srt.model"))
+        scheduler_side = self.every_record or record.name.startswith(("sglang.srt.managers", "sglang.srt.model", "sglang.srt.speculative"))
         record.rank = self.rank_prefix if scheduler_side else ""
         return super().format(record)
 
@@ -93,6 +95,14 @@ def _memory_spec(resolved: Resolved) -> m.SpecShape:
     return resolved.spec
 
 
+def _graph_states(resolved: Resolved):
+    """Adaptive mode captures one set of graphs per candidate step (adaptive.graph_states)."""
+    table = resolved.adaptive_table
+    if not resolved.adaptive or table is None:
+        return None
+    return lambda capture_bs: graph_states(table, resolved.spec.steps, capture_bs)
+
+
 def plan_memory(resolved: Resolved) -> m.MemoryPlan:
     return m.size_memory(
         resolved.profile,
@@ -105,6 +115,7 @@ def plan_memory(resolved: Resolved) -> m.MemoryPlan:
         chunked_prefill_size=resolved.chunked_prefill_size,
         cuda_graph_max_bs=resolved.cuda_graph_max_bs,
         page_size=resolved.page_size,
+        graph_states=_graph_states(resolved),
     )
 
 
@@ -190,6 +201,8 @@ def _run_scheduler(resolved: Resolved, write_fd: int, parent: int, load_scale: f
                 f"Capture draft decode CUDA graph end. elapsed={0.3 * profile.graph_capture_s * load_scale:.2f} s, "
                 f"mem usage={plan.graph_gib.get('draft_decode', 0.0):.2f} GB, avail mem={avail - graph_total:.2f} GB."
             )
+        if resolved.adaptive and resolved.adaptive_table is not None:
+            _log_adaptive_states(resolved, plan, avail - graph_total, load_scale)
         sched_logger.info(
             f"max_total_num_tokens={plan.max_total_num_tokens}, chunked_prefill_size={resolved.chunked_prefill_size}, "
             f"max_prefill_tokens={resolved.raw.get('max_prefill_tokens') or 16384}, "
@@ -203,6 +216,19 @@ def _run_scheduler(resolved: Resolved, write_fd: int, parent: int, load_scale: f
     # The scheduler's event loop: idle until the launcher kills the tree or dies.
     while True:
         time.sleep(3600)
+
+
+def _log_adaptive_states(resolved: Resolved, plan: m.MemoryPlan, avail: float, load_scale: float) -> None:
+    """eagle_worker_v2.py: the worker announces its policy, then AdaptiveController.init_states
+    builds one runtime state per other candidate step ("Built adaptive runtime state ...")."""
+    table = resolved.adaptive_table
+    assert table is not None
+    AdaptiveSpeculativeParams(resolved.spec.steps, table, plan.capture_bs)
+    for steps, top_bs in graph_states(table, resolved.spec.steps, plan.capture_bs)[1:]:
+        shape = m.SpecShape(resolved.spec.algorithm, steps, 1, steps + 1)
+        mem = sum(m.graph_memory_gib(resolved.profile, shape, top_bs, fixed=False).values())
+        elapsed = 0.2 * resolved.profile.graph_capture_s * load_scale if top_bs else 0.0
+        adaptive_logger.info(BUILT_LOG.format(steps=steps, elapsed=elapsed, mem=mem))
 
 
 def _kill_process_tree_and_self(children: list[int]) -> None:
