@@ -14,6 +14,7 @@ Environment knobs (emulator only, never read by the tuner):
   SGLANG_EMULATOR_NOISE        relative std-dev of a decode step's time (default 0.02)
   SGLANG_EMULATOR_FAULT        crash_after_tokens=N | hang_after_tokens=N | exit_after_tokens=N
   SGLANG_EMULATOR_PROFILE      a JSON profile (see profiles.py) instead of the built-in ones
+  SGLANG_EMULATOR_LANDSCAPE_SEED  N: serve the profile family.draw_profile(N) draws (any model path)
 """
 
 from __future__ import annotations
