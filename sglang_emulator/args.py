@@ -204,6 +204,10 @@ def resolve(ns: argparse.Namespace, profile: Profile) -> Resolved:
             if steps is None:
                 steps = draft // topk
             spec = SpecShape(algorithm, max(steps, 1), topk, draft)
+            if ns.speculative_adaptive:
+                # handle_speculative_decoding runs _maybe_disable_adaptive for every algorithm.
+                reason = adaptive_unsupported_reason(algorithm=algorithm, topk=topk)
+                _warn(warnings, DISABLED_LOG.format(reason=reason), hook_logger)
         else:
             if algorithm == "STANDALONE" and ns.enable_dp_attention:
                 raise ValueError(

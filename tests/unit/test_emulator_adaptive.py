@@ -110,6 +110,13 @@ def test_unsupported_settings_fall_back_to_static_with_sglangs_warning(flags, re
     assert f"speculative_adaptive disabled: {reason}. Falling back to static speculative params." in caplog.text
 
 
+def test_ngram_falls_back_too():
+    r = _resolve("--speculative-algorithm", "NGRAM", "--speculative-adaptive")
+    assert not r.adaptive
+    assert "speculative_adaptive disabled: speculative_algorithm=NGRAM (only EAGLE/EAGLE3 are supported). " \
+           "Falling back to static speculative params." in r.warnings
+
+
 def test_standalone_falls_back_too():
     r = _resolve("--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "d", "--speculative-adaptive")
     assert not r.adaptive
