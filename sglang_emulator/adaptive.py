@@ -223,8 +223,9 @@ class AdaptiveStepSlot:
     probes the next candidate up.
     """
 
-    def __init__(self, initial_steps: int, cfg: SlotConfig):
+    def __init__(self, initial_steps: int, cfg: SlotConfig, *, quiet: bool = False):
         self.cfg = cfg
+        self.quiet = quiet  # offline replays (landscape.adaptive_level) log nothing
         self.candidate_steps = list(cfg.candidate_steps)
         assert len(self.candidate_steps) >= 1, "candidate_steps must have at least 1 value"
         if initial_steps in self.candidate_steps:
@@ -287,7 +288,8 @@ class AdaptiveStepSlot:
     def _apply_target_steps(self, old_steps: int, target: int) -> bool:
         if target != old_steps:
             self.current_steps = target
-            params_logger.info(UPDATED_LOG.format(old=old_steps, new=target, ema=self.ema_accept_len))
+            if not self.quiet:
+                params_logger.info(UPDATED_LOG.format(old=old_steps, new=target, ema=self.ema_accept_len))
             return True
         return False
 
@@ -303,12 +305,14 @@ class AdaptiveSpeculativeParams:
         cuda_graph_bs: tuple[int, ...] | None = None,
         *,
         announce: bool = True,
+        quiet: bool = False,
     ):
         self.table = table
-        self._slots = {k: AdaptiveStepSlot(initial_steps, cfg) for k, cfg in table.slots}
+        self.quiet = quiet
+        self._slots = {k: AdaptiveStepSlot(initial_steps, cfg, quiet=quiet) for k, cfg in table.slots}
         self._cuda_graph_bs = tuple(sorted(cuda_graph_bs)) if cuda_graph_bs else None
         first = self._slots[table.keys[0]]
-        if announce:  # the engine builds a second, silent copy after start-up logged this one
+        if announce and not quiet:  # the engine builds a second, silent copy after start-up logged this one
             params_logger.info(INITIALIZED_LOG.format(steps=first.current_steps, candidates=first.candidate_steps))
         # AdaptiveController.init_states ends with _activate(worker.speculative_num_steps).
         self.active_steps = initial_steps
@@ -338,11 +342,13 @@ class AdaptiveSpeculativeParams:
 
     def _activate(self, steps: int) -> None:
         # EAGLEWorkerV2.apply_runtime_state returns early when the steps are already active.
-        if steps != self.active_steps:
+        if steps == self.active_steps:
+            return
+        if not self.quiet:
             worker_logger.info(
                 SWITCH_LOG.format(old=self.active_steps, new=steps, old_draft=self.active_steps + 1, new_draft=steps + 1)
             )
-            self.active_steps = steps
+        self.active_steps = steps
 
 
 def adaptive_unsupported_reason(

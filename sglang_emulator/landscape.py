@@ -8,7 +8,6 @@ the engine's scheduling, prompt mix and timing noise.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 from . import model as m
@@ -218,26 +217,20 @@ def adaptive_level(
     start = resolve_adaptive_steps(table, initial_steps)
     graph_bs = cuda_graph_bs if cuda_graph_bs is not None else m.capture_batch_sizes(48, True)
     rates: dict[int, tuple[float, float, float]] = {}
-    params_level = logging.getLogger("sglang.srt.speculative").level
-    logging.getLogger("sglang.srt.speculative").setLevel(logging.WARNING)  # no switch lines offline
-    try:
-        policy = AdaptiveSpeculativeParams(start, table, graph_bs, announce=False)
-        slot = policy.slot(batch)
-        warm = slot.cfg.warmup_batches
-        tokens = ms = accepted_tokens = 0.0
-        visits: dict[int, int] = {}
-        for i in range(warm + decode_batches):
-            steps = policy.activate_step_by_batch(batch)
-            if steps not in rates:
-                rates[steps] = _level_rate(profile, _spec_for(algorithm, steps), batch, workload, tp)
-            t, dt, accept = rates[steps]
-            if i >= warm:
-                tokens, ms, accepted_tokens = tokens + t, ms + dt, accepted_tokens + t / batch
-                visits[steps] = visits.get(steps, 0) + 1
-            # The batch average of accepted drafts, the same for every request of the batch.
-            policy.on_verify_complete([0] * batch if steps == 0 else [accept - 1] * batch, batch)
-    finally:
-        logging.getLogger("sglang.srt.speculative").setLevel(params_level)
+    policy = AdaptiveSpeculativeParams(start, table, graph_bs, announce=False, quiet=True)
+    warm = policy.slot(batch).cfg.warmup_batches
+    tokens = ms = accepted_tokens = 0.0
+    visits: dict[int, int] = {}
+    for i in range(warm + decode_batches):
+        steps = policy.activate_step_by_batch(batch)
+        if steps not in rates:
+            rates[steps] = _level_rate(profile, _spec_for(algorithm, steps), batch, workload, tp)
+        t, dt, accept = rates[steps]
+        if i >= warm:
+            tokens, ms, accepted_tokens = tokens + t, ms + dt, accepted_tokens + t / batch
+            visits[steps] = visits.get(steps, 0) + 1
+        # The batch average of accepted drafts, the same for every request of the batch.
+        policy.on_verify_complete([0] * batch if steps == 0 else [accept - 1] * batch, batch)
     n = sum(visits.values())
     shares = tuple(sorted((s, c / n) for s, c in visits.items()))
     return LevelExpectation(batch, tokens / ms * 1000, accepted_tokens / n, ms / n, shares)
