@@ -4,6 +4,7 @@
     python benchmarks/sampler_benchmark.py --seeds 10
     python benchmarks/sampler_benchmark.py --quick         # 3 seeds, a smoke run (writes *_quick.*)
     python benchmarks/sampler_benchmark.py --samplers random,tpe-mv-s6 --landscapes qwen-demo
+    python benchmarks/sampler_benchmark.py --landscapes none --family 10   # 10 drawn landscapes: mean and WORST
 
 The GPSampler rows need torch, which the tuner does not install (it is a multi-GB download);
 without it they are listed as skipped.  The committed table was made in a separate venv with
@@ -36,7 +37,9 @@ and the reference point is the origin (all objectives are maximised), so the fra
 depend on units.  The 3-D HV is exact (`hv3`, checked against optuna._hypervolume at start-up).
 
 Landscapes: the two emulator profiles as the tuner would search them, plus perturbed profiles
-(`profile_from_dict`) nobody tuned the candidates on; see LANDSCAPES.
+(`profile_from_dict`) nobody tuned the candidates on; see LANDSCAPES.  `--family N` adds N
+landscapes drawn from physical ranges (`sglang_emulator/family.py · draw_profile(seed)`) and
+reports, per sampler, their mean, the worst landscape and the worst run.
 
 Writes benchmarks/results/sampler_benchmark.md and .json.
 """
@@ -68,6 +71,7 @@ from optuna.trial import TrialState  # noqa: E402
 from tuner.search import history  # noqa: E402
 from tuner.search.samplers import MemoryEdgeSampler  # noqa: E402
 from tuner.config import SpaceConfig, load_config  # noqa: E402
+from sglang_emulator import family as F  # noqa: E402
 from sglang_emulator import landscape as L  # noqa: E402
 from sglang_emulator import model as M  # noqa: E402
 from sglang_emulator.profiles import PROFILES, profile_from_dict  # noqa: E402
@@ -209,6 +213,7 @@ class LandscapeSpec:
     request_tokens: int = 8192
     perturbed: bool = False
     note: str = ""
+    family: bool = False  # drawn by sglang_emulator.family.draw_profile (--family N)
 
 
 LANDSCAPES = [
@@ -224,7 +229,26 @@ LANDSCAPES = [
                   note="the 8B on a 48 GB L40S: tight memory, front only at the mem-fraction edge"),
     LandscapeSpec("p:llama8b-weak-32k", LLAMA_WEAK_DRAFT, H200_SPACE, "EAGLE3", 32, 32768, perturbed=True,
                   note="weak draft head (q1 0.62, trees pay) and 32k-token requests: capacity bites"),
+    LandscapeSpec("p:llama8b-h100-128k", "llama-3.1-8b-h100-128k", H200_SPACE, "EAGLE3", 32, 32768, perturbed=True,
+                  note="the 8B on an H100 80 GB at 128k context: FlashInfer tree buffers put the wide trees of the "
+                       "single-stream end ~4 points of mem fraction below the chains' edge"),
 ]
+
+# --family N: landscapes drawn from physical ranges (sglang_emulator/family.py), searched like the
+# H100 landscape above (same space, concurrency and request size, fixed before any was drawn).
+FAMILY_PREFIX = "family:"
+
+
+def family_spec(seed: int) -> LandscapeSpec:
+    overrides = F.draw_overrides(seed)
+    return LandscapeSpec(f"{FAMILY_PREFIX}{seed}", overrides, H200_SPACE, "EAGLE3", 32, 32768, perturbed=True,
+                         family=True, note=overrides["notes"][0])
+
+
+def landscape_spec(name: str) -> LandscapeSpec:
+    if name.startswith(FAMILY_PREFIX):
+        return family_spec(int(name[len(FAMILY_PREFIX):]))
+    return next(s for s in LANDSCAPES if s.name == name)
 
 
 def _key(p: Params) -> tuple:
@@ -299,7 +323,7 @@ _CACHE: dict[str, Landscape] = {}
 def landscape(name: str) -> Landscape:
     if name in _CACHE:
         return _CACHE[name]
-    spec = next(s for s in LANDSCAPES if s.name == name)
+    spec = landscape_spec(name)
     profile = PROFILES[spec.profile] if isinstance(spec.profile, str) else profile_from_dict(spec.profile)
     space, base = _space(spec)
     workload = L.Workload(max_tokens=128, concurrency=spec.concurrency, request_tokens=spec.request_tokens,
@@ -578,8 +602,31 @@ def _verdict(cells: dict[str, Any], main: list[str], pert: list[str]) -> list[st
     return out
 
 
+def _family_table(cells: dict[str, Any], family: list[str]) -> list[str]:
+    """--family N: per sampler, the mean over the drawn landscapes of the per-landscape mean HV,
+    the WORST landscape's mean HV, and the worst single run."""
+    out = [f"## Drawn family ({len(family)} landscapes, `--family`): mean / worst landscape / worst run (%)", ""]
+    head = ["sampler"] + [f"{k} @{b}" for b in BUDGETS for k in ("mean", "worst", "worst run")] + ["worst landscape @20"]
+    out.append("| " + " | ".join(head) + " |")
+    out.append("|" + "---|" * len(head))
+    for c, row in cells.items():
+        got = [l for l in family if l in row]
+        if not got:
+            continue
+        line = [c]
+        for b in BUDGETS:
+            means = [row[l][str(b)]["mean"] for l in got]
+            line += [f"{np.mean(means) * 100:.1f}", f"{min(means) * 100:.1f}",
+                     f"{min(row[l][str(b)]['min'] for l in got) * 100:.1f}"]
+        line.append(min(got, key=lambda l: row[l]["20"]["mean"]))
+        out.append("| " + " | ".join(line) + " |")
+    out.append("")
+    return out
+
+
 def render(cells: dict[str, Any], meta: dict[str, Any], lands_info: dict[str, Any], unavailable: dict[str, str]) -> str:
-    lands_names = list(lands_info)
+    family = [l for l in lands_info if lands_info[l].get("family")]
+    lands_names = [l for l in lands_info if l not in family]
     main = [l for l in lands_names if not lands_info[l]["perturbed"]]
     pert = [l for l in lands_names if lands_info[l]["perturbed"]]
     out = ["# Sampler benchmark: share of the exhaustive Pareto front's hypervolume", ""]
@@ -598,12 +645,16 @@ def render(cells: dict[str, Any], meta: dict[str, Any], lands_info: dict[str, An
                "its COMPLETE trials measured.")
     out.append("")
     out += _verdict(cells, main, pert)
+    if family:
+        out += _family_table(cells, family)
     out.append("## Landscapes")
     out.append("")
     out.append("| landscape | concurrency | request tokens | grid | feasible | memory_kv | memory_graph | front points "
                "| warm start (SGLang's default) | what |")
     out.append("|---|---|---|---|---|---|---|---|---|---|")
     for l, info in lands_info.items():
+        if info.get("family") and len(family) > 12:
+            continue  # a long family is summarised in its own table
         f = info["failures"]
         ws = ", ".join(f"{k.replace('speculative_', '')}={v}" for k, v in info["warm_start"].items())
         out.append(f"| {l} | {info['concurrency']} | {info['request_tokens']} | {info['grid']} | {f.get('ok', 0)} | {f.get('memory_kv', 0)} | {f.get('memory_graph', 0)} "
@@ -668,18 +719,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--samplers", help="comma-separated candidate names (default: all)")
     ap.add_argument("--landscapes", help="comma-separated landscape names (default: all)")
+    ap.add_argument("--family", type=int, default=0, metavar="N",
+                    help="also evaluate on N landscapes drawn by sglang_emulator.family.draw_profile (seeds "
+                         "--family-first .. +N-1) and report their mean and WORST; `--landscapes none --family N` "
+                         "runs the family alone")
+    ap.add_argument("--family-first", type=int, default=0, help="first family seed (default 0)")
     ap.add_argument("--out", help="output path without extension (default benchmarks/results/sampler_benchmark, "
-                                  "_quick with --quick)")
+                                  "_quick with --quick, _family with --family)")
     args = ap.parse_args(argv)
     seeds = 3 if args.quick else args.seeds
     if args.out is None:
-        args.out = str(RESULTS / ("sampler_benchmark_quick" if args.quick else "sampler_benchmark"))
+        stem = "sampler_benchmark" + ("_family" if args.family else "") + ("_quick" if args.quick else "")
+        args.out = str(RESULTS / stem)
 
     _check_hv3()
     cands = [c for c in CANDIDATES if not args.samplers or c.name in args.samplers.split(",")]
     unavailable = {c.name: f"needs `{c.requires}`, which is not installed" for c in cands if not c.available()}
     cands = [c for c in cands if c.available()]
     lands = [s for s in LANDSCAPES if not args.landscapes or s.name in args.landscapes.split(",")]
+    lands += [family_spec(seed) for seed in range(args.family_first, args.family_first + args.family)]
     if not cands or not lands:
         ap.error("no sampler or landscape selected")
     for name, why in unavailable.items():
@@ -693,7 +751,7 @@ def main(argv: list[str] | None = None) -> int:
                               "front_size": ls.front_size, "front_hv": ls.front_hv, "scale": ls.scale.tolist(),
                               "warm_start": ls.warm_start, "concurrency": s.concurrency,
                               "request_tokens": s.request_tokens, "space": ls.space.model_dump(exclude_none=True),
-                              "profile": s.profile}
+                              "profile": s.profile, "family": s.family}
         print(f"landscape {s.name}: {len(ls.table)} configs, {ls.failures.get('ok', 0)} feasible, "
               f"front {ls.front_size} points, max {np.round(ls.scale, 1).tolist()}  [{time.perf_counter() - t0:.1f}s]")
 

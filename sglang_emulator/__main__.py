@@ -25,6 +25,7 @@ Environment knobs (emulator only, never read by the tuner):
                                instead of every --decode-log-interval; DP ranks get identical
                                pools instead of rank 0 being ~3% short
   SGLANG_WAIT_PORT_TIMEOUT     SGLang's own knob: polls of wait_port_available (default 30)
+  SGLANG_EMULATOR_LANDSCAPE_SEED  N: serve the profile family.draw_profile(N) draws (any model path)
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ import traceback
 
 from . import failures
 from . import model as m
+from .adaptive import BUILT_LOG, AdaptiveSpeculativeParams, graph_states
+from .adaptive import worker_logger as adaptive_logger
 from .args import Resolved, model_not_found, parse_args, resolve
 from .profiles import find_profile
 
@@ -69,7 +72,7 @@ class _Formatter(logging.Formatter):
         self.every_record = every_record
 
     def format(self, record: logging.LogRecord) -> str:
-        scheduler_side = self.every_record or record.name.startswith(("sglang.srt.managers", "sglang.srt.model"))
+        scheduler_side = self.every_record or record.name.startswith(("sglang.srt.managers", "sglang.srt.model", "sglang.srt.speculative"))
         record.rank = self.rank_prefix if scheduler_side else ""
         return super().format(record)
 
@@ -122,6 +125,12 @@ def human_readable_int(value: str | int | None) -> int | None:
     if suffix in iec:
         return int(number) * iec[suffix]
     return int(Decimal(number) * {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}[suffix])
+def _graph_states(resolved: Resolved):
+    """Adaptive mode captures one set of graphs per candidate step (adaptive.graph_states)."""
+    table = resolved.adaptive_table
+    if not resolved.adaptive or table is None:
+        return None
+    return lambda capture_bs: graph_states(table, resolved.spec.steps, capture_bs)
 
 
 def plan_memory(resolved: Resolved) -> m.MemoryPlan:
@@ -138,6 +147,7 @@ def plan_memory(resolved: Resolved) -> m.MemoryPlan:
         chunked_prefill_size=resolved.chunked_prefill_size,
         cuda_graph_max_bs=resolved.cuda_graph_max_bs,
         page_size=resolved.page_size,
+        graph_states=_graph_states(resolved),
     )
 
 
@@ -253,6 +263,8 @@ def _run_scheduler(resolved: Resolved, write_fd: int, parent: int, load_scale: f
                 f"Capture draft decode CUDA graph end. elapsed={0.3 * profile.graph_capture_s * load_scale:.2f} s, "
                 f"mem usage={plan.graph_gib.get('draft_decode', 0.0):.2f} GB, avail mem={avail - graph_total:.2f} GB."
             )
+        if resolved.adaptive and resolved.adaptive_table is not None:
+            _log_adaptive_states(resolved, plan, avail - graph_total, load_scale)
         sched_logger.info(
             f"max_total_num_tokens={plan.max_total_num_tokens}, chunked_prefill_size={resolved.chunked_prefill_size}, "
             f"max_prefill_tokens={resolved.raw.get('max_prefill_tokens') or 16384}, "
@@ -266,6 +278,19 @@ def _run_scheduler(resolved: Resolved, write_fd: int, parent: int, load_scale: f
     # The scheduler's event loop: idle until the launcher kills the tree or dies.
     while True:
         time.sleep(3600)
+
+
+def _log_adaptive_states(resolved: Resolved, plan: m.MemoryPlan, avail: float, load_scale: float) -> None:
+    """eagle_worker_v2.py: the worker announces its policy, then AdaptiveController.init_states
+    builds one runtime state per other candidate step ("Built adaptive runtime state ...")."""
+    table = resolved.adaptive_table
+    assert table is not None
+    AdaptiveSpeculativeParams(resolved.spec.steps, table, plan.capture_bs)
+    for steps, top_bs in graph_states(table, resolved.spec.steps, plan.capture_bs)[1:]:
+        shape = m.SpecShape(resolved.spec.algorithm, steps, 1, steps + 1)
+        mem = sum(m.graph_memory_gib(resolved.profile, shape, top_bs, fixed=False).values())
+        elapsed = 0.2 * resolved.profile.graph_capture_s * load_scale if top_bs else 0.0
+        adaptive_logger.info(BUILT_LOG.format(steps=steps, elapsed=elapsed, mem=mem))
 
 
 def _kill_process_tree_and_self(children: list[int]) -> None:

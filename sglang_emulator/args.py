@@ -17,6 +17,15 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
+from .adaptive import (
+    DEFAULT_ADAPTIVE_CONFIG,
+    DISABLED_LOG,
+    AdaptiveTable,
+    adaptive_unsupported_reason,
+    hook_logger,
+    load_adaptive_config,
+    resolve_adaptive_steps,
+)
 from .model import Profile, SpecShape, default_graph_settings, default_mem_fraction_static
 
 __all__ = ["build_parser", "parse_args", "Resolved", "resolve", "model_not_found", "emulated_version", "VERSION_ENV"]
@@ -41,12 +50,10 @@ _EAGLE_FAMILY = ("EAGLE", "EAGLE3", "STANDALONE")
 _KNOWN = _EAGLE_FAMILY + ("NGRAM", "DFLASH", "DSPARK", "UNO", "FROZEN_KV_MTP")
 _ALIASES = {"NEXTN": "EAGLE"}
 
-# speculative/adaptive_spec_params.py DEFAULT_ADAPTIVE_CONFIG: batch-size range -> candidate steps
-ADAPTIVE_CANDIDATES: tuple[tuple[int, tuple[int, ...]], ...] = (
-    (1, (1, 3, 5, 7)),
-    (8, (0, 1, 3)),
-    (32, (0, 1)),
-    (64, (0,)),
+# speculative/adaptive_spec_params.py DEFAULT_ADAPTIVE_CONFIG: batch-size key -> candidate steps
+# (kept for existing importers; adaptive.py holds the full config).
+ADAPTIVE_CANDIDATES: tuple[tuple[int, tuple[int, ...]], ...] = tuple(
+    (int(k), tuple(v["candidate_steps"])) for k, v in DEFAULT_ADAPTIVE_CONFIG.items()
 )
 
 
@@ -180,6 +187,7 @@ class Resolved:
     attention_backend_set: bool
     adaptive: bool = False
     adaptive_max_steps: int = 0
+    adaptive_table: AdaptiveTable | None = None  # the loaded --speculative-adaptive-config
     draft_missing_error: str | None = None
     warnings: list[str] = field(default_factory=list)
     attention_backend: str | None = None  # resolved (overrides.py · _attention_backend_default)
@@ -217,9 +225,9 @@ class Resolved:
         return out
 
 
-def _warn(resolved_warnings: list[str], message: str) -> None:
+def _warn(resolved_warnings: list[str], message: str, log: logging.Logger = logger) -> None:
     resolved_warnings.append(message)
-    logger.warning(message)
+    log.warning(message)
 
 
 def default_attention_backend(profile: Profile, topk: int | None, page_size: int | None) -> str:
@@ -265,6 +273,7 @@ def resolve(ns: argparse.Namespace, profile: Profile) -> Resolved:
     spec = SpecShape(None, 0, 0, 0)
     adaptive = False
     adaptive_max = 0
+    adaptive_table: AdaptiveTable | None = None
     draft_error = None
 
     algorithm = ns.speculative_algorithm
@@ -309,6 +318,10 @@ def resolve(ns: argparse.Namespace, profile: Profile) -> Resolved:
             if steps is None:
                 steps = draft // topk
             spec = SpecShape(algorithm, max(steps, 1), topk, draft)
+            if getattr(ns, "speculative_adaptive", False):
+                # handle_speculative_decoding runs _maybe_disable_adaptive for every algorithm.
+                reason = adaptive_unsupported_reason(algorithm=algorithm, topk=topk)
+                _warn(warnings, DISABLED_LOG.format(reason=reason), hook_logger)
         elif algorithm in ("DFLASH", "DSPARK"):
             # speculative_hook.py · _handle_dflash / _handle_dspark: steps and topk forced to 1.
             name = "DFLASH" if algorithm == "DFLASH" else "DSpark"
@@ -324,6 +337,10 @@ def resolve(ns: argparse.Namespace, profile: Profile) -> Resolved:
                 draft = int(block) if block else 16
                 _warn(warnings, f"speculative_num_draft_tokens is not set; defaulting to {draft} for {algorithm}.")
             spec = SpecShape(algorithm, 1, 1, draft)
+            if getattr(ns, "speculative_adaptive", False):
+                # handle_speculative_decoding runs _maybe_disable_adaptive for every algorithm.
+                reason = adaptive_unsupported_reason(algorithm=algorithm, topk=topk)
+                _warn(warnings, DISABLED_LOG.format(reason=reason), hook_logger)
         else:
             if algorithm == "STANDALONE" and getattr(ns, "enable_dp_attention", False):
                 raise ValueError(
@@ -334,23 +351,25 @@ def resolve(ns: argparse.Namespace, profile: Profile) -> Resolved:
                 if topk is not None and topk > 1:
                     raise ValueError("Spec v2 currently only supports topk = 1 for speculative decoding.")
             if getattr(ns, "speculative_adaptive", False):
-                if algorithm in ("EAGLE", "EAGLE3") and (topk is None or topk == 1):
-                    adaptive = True
-                    candidates = sorted({s for _, c in ADAPTIVE_CANDIDATES for s in c})
-                    if steps is None:
-                        steps = candidates[len(candidates) // 2]
-                    elif steps not in candidates:
-                        raise ValueError(
-                            f"--speculative-num-steps={steps} is not in the adaptive config "
-                            f"candidate_steps {candidates}. Pass one of those values."
-                        )
-                    topk, draft = 1, steps + 1
-                    adaptive_max = max(candidates)
+                # speculative_hook.handle_speculative_decoding: after the family handler (which
+                # skipped the auto shape because adaptive was on), _maybe_disable_adaptive may
+                # fall back silently, else _init_adaptive_speculative_params loads the config.
+                reason = adaptive_unsupported_reason(
+                    algorithm=algorithm,
+                    topk=topk,
+                    enable_dp_attention=bool(ns.enable_dp_attention),
+                    enable_multi_layer_eagle=bool(getattr(ns, "enable_multi_layer_eagle", False)),
+                    enable_two_batch_overlap=bool(getattr(ns, "enable_two_batch_overlap", False)),
+                    enable_pdmux=bool(getattr(ns, "enable_pdmux", False)),
+                )
+                if reason is not None:
+                    _warn(warnings, DISABLED_LOG.format(reason=reason), hook_logger)
                 else:
-                    logger.info(
-                        "Adaptive speculative decoding is disabled: it supports EAGLE/EAGLE3 "
-                        "with topk == 1 only."
-                    )
+                    adaptive_table = load_adaptive_config(ns.speculative_adaptive_config)
+                    adaptive = True
+                    steps = resolve_adaptive_steps(adaptive_table, steps)
+                    topk, draft = 1, steps + 1
+                    adaptive_max = max(adaptive_table.candidate_steps)
             if not adaptive and steps is None:
                 assert topk is None and draft is None
                 steps, topk, draft = (3, 1, 4) if algorithm == "STANDALONE" else auto_speculative_params(profile.architecture)
@@ -405,6 +424,7 @@ def resolve(ns: argparse.Namespace, profile: Profile) -> Resolved:
         attention_backend_set=ns.attention_backend is not None,
         adaptive=adaptive,
         adaptive_max_steps=adaptive_max,
+        adaptive_table=adaptive_table,
         draft_missing_error=draft_error,
         warnings=warnings,
         attention_backend=backend,

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import model as m
-from .args import ADAPTIVE_CANDIDATES, Resolved
+from .adaptive import AdaptiveSpeculativeParams
+from .args import Resolved
 
 __all__ = ["Engine", "Request", "Chunk", "count_tokens", "EngineDead", "DECODE_LOG_INTERVAL"]
 
@@ -184,9 +185,13 @@ class Engine:
         self.last_accept_rate = 0.0
         self.retracted = 0
         self.new_token_ratio = 0.3  # --init-new-token-ratio (scheduler's new_token_ratio_tracker)
-        # Adaptive speculation state (--speculative-adaptive).
-        self._ema_accept = 0.0
-        self._adaptive_steps = resolved.spec.steps
+        # Adaptive speculation (--speculative-adaptive): SGLang's policy, routed by batch size
+        # over the captured graph sizes; the resolved steps are the active state at start.
+        self.adaptive: AdaptiveSpeculativeParams | None = None
+        if resolved.adaptive and resolved.adaptive_table is not None:
+            self.adaptive = AdaptiveSpeculativeParams(
+                resolved.spec.steps, resolved.adaptive_table, plan.capture_bs, announce=False
+            )
         self.observers: list[Any] = []  # metrics hooks: callables(event, **kw)
 
     # --- public ------------------------------------------------------------------------------
@@ -328,19 +333,13 @@ class Engine:
                 self.running.append(req)
 
     def _current_spec(self, batch: int) -> m.SpecShape:
+        """The shape this decode batch runs with: the static one, or the adaptive state the
+        batch size routes to (eagle_worker_v2.py · activate_step_by_batch).  Steps 0 still runs
+        the target through the verify graph at one token and the draft extend."""
         spec = self.resolved.spec
-        if not self.resolved.adaptive:
+        if self.adaptive is None:
             return spec
-        candidates = ADAPTIVE_CANDIDATES[0][1]
-        for low, cands in ADAPTIVE_CANDIDATES:
-            if batch >= low:
-                candidates = cands
-        # EMA policy: target ~ round(accept_len + hysteresis) + 1, within the range's candidates.
-        target = round(self._ema_accept - 0.25) + 1 if self._ema_accept else self._adaptive_steps
-        steps = max((c for c in candidates if c <= target), default=min(candidates))
-        self._adaptive_steps = steps
-        if steps == 0:
-            return m.SpecShape(None, 0, 0, 0)
+        steps = self.adaptive.activate_step_by_batch(batch)
         return m.SpecShape(spec.algorithm, steps, 1, steps + 1)
 
     def _mass(self, req: Request, spec: m.SpecShape, degenerate: bool) -> list[float]:
@@ -382,8 +381,12 @@ class Engine:
             tp=self.resolved.tp,
             attention_backend_forced=self.resolved.attention_backend_set,
         )
-        # KV pressure: each request needs room for this step's drafts.
+        # KV pressure: each request needs room for this step's drafts; adaptive mode reserves
+        # for its largest candidate (allocation_sizing.get_alloc_len_per_decode reads
+        # max_speculative_num_draft_tokens).
         per_req = max(spec.steps * spec.topk, spec.draft_tokens) if spec.enabled else 1
+        if self.adaptive is not None:
+            per_req = max(per_req, self.adaptive.table.max_draft_tokens)
         victims: list[Request] = []
         while self.running and self.used_tokens + per_req * len(self.running) > self.capacity:
             victims.append(self.running.pop())
@@ -409,7 +412,7 @@ class Engine:
         await self._advance(step_s * 1000)
         self.forward_ct += 1
         self._interval_step_s += step_s
-        interval_accept = 0
+        correct_drafts: list[int] = []
         for req in list(self.running):
             if req.cancelled:
                 continue
@@ -426,13 +429,15 @@ class Engine:
                 self.spec_proposed_drafts += max(spec.draft_tokens - 1, 0)
                 req.verify_ct += 1
                 req.accepted_drafts += accepted
+                correct_drafts.append(accepted)
             emitted = self._emit(req, tokens)
             if spec.enabled:
                 self._pending_accept_tokens += emitted
-                interval_accept += emitted
         self.running = [r for r in self.running if r.finish_reason is None and not r.cancelled]
-        if self.resolved.adaptive and spec.enabled and batch:
-            self._ema_accept = 0.8 * self._ema_accept + 0.2 * (interval_accept / batch) if self._ema_accept else interval_accept / batch
+        if self.adaptive is not None:
+            # batch_result_processor.py: on_verify_complete_cpu(num_correct_drafts_per_req,
+            # batch_size=len(batch.reqs)) after every decode batch, steps 0 included.
+            self.adaptive.on_verify_complete(correct_drafts, batch)
         if self.fold_every_step:
             self._fold_accept_counters()
         if self.forward_ct % self.decode_log_interval == 0:

@@ -8,14 +8,27 @@ the engine's scheduling, prompt mix and timing noise.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from . import model as m
-from .args import ADAPTIVE_CANDIDATES
+from .adaptive import AdaptiveSpeculativeParams, AdaptiveTable, graph_states, resolve_adaptive_steps, table_from_steps
 from .profiles import PROFILES
 
-__all__ = ["Expectation", "expect", "Workload"]
+__all__ = [
+    "Expectation",
+    "expect",
+    "Workload",
+    "LevelExpectation",
+    "static_level",
+    "adaptive_level",
+    "best_static_steps",
+    "best_steps_by_batch",
+    "oracle_table",
+    "adaptive_memory",
+    "mem_fraction_edge",
+    "DEFAULT_LEVELS",
+    "ORACLE_STEPS",
+]
 
 
 @dataclass(frozen=True)
@@ -114,13 +127,230 @@ def expect(
     )
 
 
-def adaptive_steps_for(batch: int) -> tuple[int, ...]:
-    candidates = ADAPTIVE_CANDIDATES[0][1]
-    for low, cands in ADAPTIVE_CANDIDATES:
-        if batch >= low:
-            candidates = cands
-    return candidates
+# --- Batch levels and adaptive tables ------------------------------------------------------------
+#
+# For `tuner.schedule` and schedule benchmarks: what a decode batch of B running requests
+# yields per second with a static speculative shape, with an adaptive table (SGLang's EMA policy
+# run on the model's expected acceptance), and which topk-1 steps are truly best at each B.
+
+DEFAULT_LEVELS: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48)  # 48: the spec default max_running_requests
+ORACLE_STEPS: tuple[int, ...] = tuple(range(0, 9))  # topk-1 chains 0..8 (0: adaptive's zero-step state)
 
 
-def _is_close(a: float, b: float) -> bool:
-    return math.isclose(a, b, rel_tol=1e-9)
+@dataclass(frozen=True)
+class LevelExpectation:
+    """Expected decode throughput with `batch` requests running (tokens/s, all requests).
+
+    `steps` are the adaptive states visited with their share of decode batches (a static shape
+    visits one).  Includes the prefill pauses of replacing finished requests, as
+    `expect(...).concurrent_tps` does.
+    """
+
+    batch: int
+    tokens_per_s: float
+    accept_length: float
+    step_ms: float
+    steps: tuple[tuple[int, float], ...]
+
+
+def _spec_for(algorithm: str | None, steps: int | None, topk: int = 1, draft_tokens: int | None = None) -> m.SpecShape:
+    """steps None: no speculation; steps 0: adaptive's zero-step state (one verify token, the
+    draft extend still runs: eagle_worker_v2.py · forward_batch_generation)."""
+    if steps is None or algorithm is None:
+        return m.SpecShape(None, 0, 0, 0)
+    return m.SpecShape(algorithm, steps, topk, draft_tokens or steps + 1)
+
+
+def _level_rate(profile: m.Profile, spec: m.SpecShape, batch: int, w: Workload, tp: int) -> tuple[float, float, float]:
+    """(tokens per decode batch, ms per decode batch incl. amortised prefill, accept length)."""
+    accept = _accept(profile, spec, w)
+    out_tokens = w.max_tokens if w.ignore_eos else min(w.max_tokens, w.natural_tokens)
+    ctx = w.prompt_tokens + out_tokens // 2
+    step = m.step_ms(profile, spec=spec, batch=batch, context_tokens=batch * ctx, tp=tp)
+    prefill = m.prefill_ms(profile, tokens=w.prompt_tokens, tp=tp)
+    new_per_step = batch * accept / max(out_tokens, 1)
+    return batch * accept, step + new_per_step * prefill, accept
+
+
+def static_level(
+    profile: m.Profile | str,
+    *,
+    batch: int,
+    steps: int | None,
+    topk: int = 1,
+    draft_tokens: int | None = None,
+    workload: Workload = Workload(),
+    algorithm: str | None = "EAGLE",
+    tp: int | None = None,
+) -> LevelExpectation:
+    """Expected throughput at `batch` running requests for one static shape (memory not checked)."""
+    if isinstance(profile, str):
+        profile = PROFILES[profile]
+    tp = tp or profile.reference_tp
+    spec = _spec_for(algorithm, steps, topk, draft_tokens)
+    tokens, ms, accept = _level_rate(profile, spec, batch, workload, tp)
+    return LevelExpectation(batch, tokens / ms * 1000, accept, ms, ((steps if steps is not None else -1, 1.0),))
+
+
+def adaptive_level(
+    profile: m.Profile | str,
+    table: AdaptiveTable,
+    *,
+    batch: int,
+    workload: Workload = Workload(),
+    algorithm: str = "EAGLE",
+    tp: int | None = None,
+    initial_steps: int | None = None,
+    cuda_graph_bs: tuple[int, ...] | None = None,
+    decode_batches: int = 400,
+) -> LevelExpectation:
+    """Expected throughput at `batch` with an adaptive table: SGLang's own policy
+    (adaptive.AdaptiveSpeculativeParams) fed each batch with the model's mean accepted drafts
+    of the active steps, run for `decode_batches` batches past warm-up; throughput is the
+    tokens of those batches over their time (so a slot that keeps probing 0 -> 1 -> 0 pays for
+    its probes).  `initial_steps` defaults to SGLang's resolution (middle of the candidate
+    union); `cuda_graph_bs` defaults to the spec capture sizes up to 48.
+    """
+    if isinstance(profile, str):
+        profile = PROFILES[profile]
+    tp = tp or profile.reference_tp
+    start = resolve_adaptive_steps(table, initial_steps)
+    graph_bs = cuda_graph_bs if cuda_graph_bs is not None else m.capture_batch_sizes(48, True)
+    rates: dict[int, tuple[float, float, float]] = {}
+    policy = AdaptiveSpeculativeParams(start, table, graph_bs, announce=False, quiet=True)
+    warm = policy.slot(batch).cfg.warmup_batches
+    tokens = ms = accepted_tokens = 0.0
+    visits: dict[int, int] = {}
+    for i in range(warm + decode_batches):
+        steps = policy.activate_step_by_batch(batch)
+        if steps not in rates:
+            rates[steps] = _level_rate(profile, _spec_for(algorithm, steps), batch, workload, tp)
+        t, dt, accept = rates[steps]
+        if i >= warm:
+            tokens, ms, accepted_tokens = tokens + t, ms + dt, accepted_tokens + t / batch
+            visits[steps] = visits.get(steps, 0) + 1
+        # The batch average of accepted drafts, the same for every request of the batch.
+        policy.on_verify_complete([0] * batch if steps == 0 else [accept - 1] * batch, batch)
+    n = sum(visits.values())
+    shares = tuple(sorted((s, c / n) for s, c in visits.items()))
+    return LevelExpectation(batch, tokens / ms * 1000, accepted_tokens / n, ms / n, shares)
+
+
+def best_static_steps(
+    profile: m.Profile | str,
+    *,
+    batch: int,
+    workload: Workload = Workload(),
+    candidates: tuple[int, ...] = ORACLE_STEPS,
+    algorithm: str = "EAGLE",
+    tp: int | None = None,
+) -> int:
+    """The oracle: the topk-1 steps (0 included) with the highest throughput at `batch`."""
+    return max(
+        candidates,
+        key=lambda s: static_level(profile, batch=batch, steps=s, workload=workload, algorithm=algorithm, tp=tp).tokens_per_s,
+    )
+
+
+def best_steps_by_batch(
+    profile: m.Profile | str,
+    *,
+    levels: tuple[int, ...] = DEFAULT_LEVELS,
+    workload: Workload = Workload(),
+    candidates: tuple[int, ...] = ORACLE_STEPS,
+    algorithm: str = "EAGLE",
+    tp: int | None = None,
+) -> dict[int, int]:
+    """The oracle per batch level: {batch: best topk-1 steps}."""
+    return {
+        b: best_static_steps(profile, batch=b, workload=workload, candidates=candidates, algorithm=algorithm, tp=tp)
+        for b in levels
+    }
+
+
+def oracle_table(
+    profile: m.Profile | str,
+    *,
+    levels: tuple[int, ...] = DEFAULT_LEVELS,
+    workload: Workload = Workload(),
+    candidates: tuple[int, ...] = ORACLE_STEPS,
+    algorithm: str = "EAGLE",
+    tp: int | None = None,
+) -> AdaptiveTable:
+    """A tuned table: one pinned candidate per level key (a static per-batch-size schedule).
+
+    Keys are the levels; a batch routes to the nearest lower key after padding to the graph
+    size, so each key should be a capture size (DEFAULT_LEVELS are).  Adjacent levels with the
+    same best steps are merged.
+    """
+    best = best_steps_by_batch(profile, levels=levels, workload=workload, candidates=candidates, algorithm=algorithm, tp=tp)
+    merged: dict[int, int] = {}
+    previous = None
+    for b in sorted(best):
+        if best[b] != previous:
+            merged[b] = best[b]
+            previous = best[b]
+    return table_from_steps(merged)
+
+
+def adaptive_memory(
+    profile: m.Profile | str,
+    table: AdaptiveTable,
+    *,
+    mem_fraction_static: float,
+    algorithm: str = "EAGLE",
+    tp: int | None = None,
+    max_running_requests: int | None = 48,
+    initial_steps: int | None = None,
+) -> m.MemoryPlan:
+    """What start-up sizes in adaptive mode (raises model.MemoryFailure like `size_memory`):
+    draft buffers for max(candidate_steps) + 1 tokens, one set of graphs per candidate."""
+    if isinstance(profile, str):
+        profile = PROFILES[profile]
+    tp = tp or profile.reference_tp
+    start = resolve_adaptive_steps(table, initial_steps)
+    top = max(table.candidate_steps)
+    chunk, max_bs = m.default_graph_settings(profile.gpu.total_mib, tp)
+    return m.size_memory(
+        profile, tp=tp, dp=1, mem_fraction_static=mem_fraction_static, spec=m.SpecShape(algorithm, top, 1, top + 1),
+        max_running_requests=max_running_requests, max_total_tokens=None, chunked_prefill_size=chunk,
+        cuda_graph_max_bs=max_bs, graph_states=lambda bs: graph_states(table, start, bs),
+    )
+
+
+def mem_fraction_edge(
+    profile: m.Profile | str,
+    *,
+    steps: int | None,
+    topk: int | None = 1,
+    draft_tokens: int | None = None,
+    algorithm: str | None = "EAGLE",
+    tp: int | None = None,
+    low: float = 0.30,
+    high: float = 0.99,
+    resolution: float = 1e-4,
+) -> float | None:
+    """The largest mem_fraction_static at which this shape starts (graphs fit the slack), or
+    None if it fails everywhere in [low, high].  Below the edge the KV pool shrinks; above it
+    graph capture fails.  Bisection on `expect`'s feasibility, which is monotone in between
+    (a KV failure only at the low end, a graph failure only at the high end)."""
+    if isinstance(profile, str):
+        profile = PROFILES[profile]
+
+    def ok(mfs: float) -> bool:
+        e = expect(profile, steps=steps, topk=topk, draft_tokens=draft_tokens, mem_fraction_static=mfs,
+                   algorithm=algorithm, tp=tp)
+        return e.feasible
+
+    if ok(high):
+        return high
+    lo = low
+    while not ok(lo):
+        lo += 0.05  # step out of the KV-failure end
+        if lo >= high:
+            return None
+    hi = high
+    while hi - lo > resolution:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo

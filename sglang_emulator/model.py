@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 __all__ = [
     "GiB",
@@ -40,6 +41,9 @@ __all__ = [
     "accept_length_distribution",
     "expected_accept_length",
     "tree_pool_size",
+    "graph_memory_gib",
+    "tree_state_gib",
+    "capture_batch_sizes",
 ]
 
 GiB = float(1 << 30)
@@ -182,6 +186,11 @@ class MemoryModel:
     spec_state_share: float = 0.0  # per-draft-token intermediate state, as a share of the above
     mamba_full_memory_ratio: float = 0.9  # SGLang's --mamba-full-memory-ratio default
     mamba_ratio: int = 3  # MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO
+    # FlashInfer's CUDA-graph index state, paid when topk > 1 moves Hopper from FA3 to
+    # FlashInfer (arg_groups/model_override_base.py · get_default_attn_backend): per graph token,
+    # context_len x (int32 kv_indices + uint8 custom mask) for the target verify graph and
+    # context_len x int32 per (step x topk) for the draft decode graphs.  See `tree_state_gib`.
+    flashinfer_tree_state: bool = False
 
 
 @dataclass(frozen=True)
@@ -315,12 +324,14 @@ def size_memory(
     chunked_prefill_size: int,
     cuda_graph_max_bs: int,
     page_size: int = 1,
+    graph_states: Callable[[tuple[int, ...]], tuple[tuple[int, int], ...]] | None = None,
 ) -> MemoryPlan:
     """Size the pools as SGLang 0.5.23 does, or raise the `MemoryFailure` it would hit.
 
     Order follows `Scheduler.init_model_worker`: target and draft weights load, the KV (and
     hybrid state) pools take what `mem_fraction_static` leaves, then CUDA graphs and activations
-    must fit in the `1 - mem_fraction_static` slack.
+    must fit in the `1 - mem_fraction_static` slack.  `graph_states` (adaptive mode) maps the
+    capture sizes to the (steps, largest batch) of every runtime state that captures graphs.
     """
     mem = profile.memory
     warnings: list[str] = []
@@ -440,16 +451,16 @@ def size_memory(
 
     # CUDA graphs: captured up to min(decode max_bs, request slots), out of the slack.
     capture_bs = capture_batch_sizes(min(cuda_graph_max_bs, running), spec.enabled)
-    top_bs = capture_bs[-1]
-    graphs = {
-        "decode" if not spec.enabled else "target_verify": mem.graph_fixed_gib
-        + top_bs * spec.tokens_per_request * mem.graph_mib_per_token / 1024,
-    }
-    if spec.enabled:
-        graphs["draft_decode"] = (
-            top_bs * spec.topk * max(spec.steps - 1, 0) * mem.draft_graph_mib_per_token / 1024
-        )
-        graphs["draft_extend"] = top_bs * spec.draft_tokens * mem.draft_graph_mib_per_token / 1024
+    if graph_states is None:
+        graphs = graph_memory_gib(profile, spec, capture_bs[-1])
+    else:
+        # Adaptive mode: one set of graphs per candidate step's runtime state, each over the
+        # capture sizes that can reach it; they add up (see adaptive.graph_states).
+        graphs = {}
+        for i, (steps, top_bs) in enumerate(graph_states(capture_bs)):
+            state = SpecShape(spec.algorithm, steps, 1, steps + 1)
+            for name, gib in graph_memory_gib(profile, state, top_bs, fixed=i == 0).items():
+                graphs[name] = graphs.get(name, 0.0) + gib
     activations = chunked_prefill_size * mem.activation_mib_per_token / 1024
     free_for_graphs = slack - mem.non_torch_gib - activations
     needed = sum(graphs.values())
@@ -485,6 +496,51 @@ def size_memory(
         available_after_capture_gib=free_for_graphs - needed + mem.non_torch_gib,
         warnings=tuple(warnings),
     )
+
+
+def tree_state_gib(profile: Profile, spec: SpecShape, top_bs: int) -> tuple[float, float]:
+    """FlashInfer's CUDA-graph index buffers (target verify, draft decode) in GiB, or zeros.
+
+    Paid only when the profile's GPU moves to FlashInfer for trees (`flashinfer_tree_state`)
+    and topk > 1.  Sizes from the 0.5.23 source, allocated with torch.zeros outside the graph
+    pool, so they scale with context_len and are not shared between graphs:
+    - layers/attention/flashinfer_backend.py · FlashInferAttnBackend.init_cuda_graph_state:
+      `cuda_graph_kv_indices` int32 and `cuda_graph_custom_mask` uint8, each
+      max_num_tokens x max_context_len, where the verify runner's max_num_tokens is
+      max_bs x num_draft_tokens (decode_cuda_graph_runner.py, captured_req_width).
+    - FlashInferMultiStepDraftBackend.init_cuda_graph_state: int32 (speculative_num_steps,
+      draft_kv_indices_buffer_width(max_bs, topk, max_context_len) = max_bs x topk x ctx).
+    """
+    if not (profile.memory.flashinfer_tree_state and spec.enabled and spec.topk > 1 and top_bs > 0):
+        return 0.0, 0.0
+    ctx = profile.context_len
+    verify = top_bs * spec.draft_tokens * ctx * (4 + 1) / GiB
+    draft = spec.steps * top_bs * spec.topk * ctx * 4 / GiB
+    return verify, draft
+
+
+def graph_memory_gib(profile: Profile, spec: SpecShape, top_bs: int, *, fixed: bool = True) -> dict[str, float]:
+    """CUDA-graph memory by runner for graphs captured up to `top_bs` (GiB, per GPU).
+
+    Target decode/verify: the shared logits buffer and activations, max_bs x tokens per request
+    rows (decode_cuda_graph_runner.py: `get_logits_buffer(vocab_size, rows=max_bs x
+    captured_req_width)`).  Draft decode: max_bs x topk tokens per step
+    (eagle_draft_cuda_graph_runner.py: `max_num_token = max_bs x captured_req_width`, the width
+    being topk).  Draft extend: max_bs x num_draft_tokens.  Plus `tree_state_gib`.
+    """
+    mem = profile.memory
+    if top_bs <= 0:
+        return {}
+    target = (mem.graph_fixed_gib if fixed else 0.0) + top_bs * spec.tokens_per_request * mem.graph_mib_per_token / 1024
+    if not spec.enabled:
+        return {"decode": target}
+    verify_state, draft_state = tree_state_gib(profile, spec, top_bs)
+    return {
+        "target_verify": target + verify_state,
+        "draft_decode": top_bs * spec.topk * max(spec.steps - 1, 0) * mem.draft_graph_mib_per_token / 1024
+        + draft_state,
+        "draft_extend": top_bs * spec.draft_tokens * mem.draft_graph_mib_per_token / 1024,
+    }
 
 
 def tree_pool_size(steps: int, topk: int) -> int:

@@ -14,9 +14,10 @@ from typing import Any
 
 from .model import Acceptance, DraftTiming, Gpu, MemoryModel, Profile, Timing
 
-__all__ = ["PROFILES", "find_profile", "profile_from_dict", "PROFILE_ENV"]
+__all__ = ["PROFILES", "find_profile", "profile_from_dict", "PROFILE_ENV", "LANDSCAPE_SEED_ENV"]
 
 PROFILE_ENV = "SGLANG_EMULATOR_PROFILE"
+LANDSCAPE_SEED_ENV = "SGLANG_EMULATOR_LANDSCAPE_SEED"
 
 # NVIDIA RTX PRO 6000 Blackwell (96 GB GDDR7, ~1.79 TB/s, PCIe only): the seed's GPUs.
 RTX_PRO_6000 = Gpu(
@@ -146,7 +147,51 @@ LLAMA31_8B = Profile(
     graph_capture_s=12.0,
 )
 
-PROFILES: dict[str, Profile] = {p.key: p for p in (QWEN35_122B, LLAMA31_8B)}
+# NVIDIA H100 80GB HBM3 (SXM): 3.35 TB/s, the same 989 dense bf16 TFLOP/s as the H200.
+H100 = Gpu(
+    name="NVIDIA H100 80GB HBM3",
+    total_mib=81_559,  # nvidia-smi's figure for this card
+    context_mib=500,  # assumed, as for the H200
+    compute_capability="9.0",
+)
+
+# H200 bandwidth over H100 bandwidth: 4.8 / 3.35 TB/s.  Weight streaming and KV reads scale by
+# it; compute (the same 989 TFLOP/s) does not, so the knee moves out by the same factor.
+_H200_OVER_H100_BW = 4.8 / 3.35
+
+# The same dense 8B with its EAGLE3 head on one H100 80 GB at its full 128k context: the shape
+# where wide trees do not fit at the small shapes' memory edge.  topk > 1 moves Hopper from FA3
+# to FlashInfer, whose CUDA-graph index buffers scale with max_bs x draft tokens x context_len
+# (verify) and steps x max_bs x topk x context_len (draft decode), outside the static pool
+# (model.tree_state_gib): at 48 graph batches, 32 draft tokens, topk 8 and 131,072 tokens of
+# context that is ~1.9 GiB, ~2.4% of the card, so the widest trees start only ~4 points of
+# mem_fraction_static below where chains do.  On the exhaustive front the single-stream end is
+# such a tree (+30% over the best chain: at batch 1 an H100 verifies 32 tokens for the price of
+# one), the capacity end a chain at the top of the range.
+LLAMA31_8B_H100 = Profile(
+    key="llama-3.1-8b-h100-128k",
+    model_names=(),  # chosen by key only ($SGLANG_EMULATOR_PROFILE {"base": "llama-3.1-8b-h100-128k"})
+    architecture="LlamaForCausalLM",
+    model_type="llama",
+    context_len=131_072,  # Llama-3.1's max_position_embeddings: FlashInfer's max_context_len
+    reference_tp=1,
+    gpu=H100,
+    memory=replace(LLAMA31_8B.memory, flashinfer_tree_state=True),  # same weights, cell and graphs
+    timing=replace(
+        LLAMA31_8B.timing,
+        stream_ms=4.60 * _H200_OVER_H100_BW,  # the measured 4.60 ms at 3.35 instead of 4.8 TB/s
+        knee_tokens=180.0 * _H200_OVER_H100_BW,  # same FLOP/s, slower streaming: knee further out
+        attn_ms_per_ktoken=0.033 * _H200_OVER_H100_BW,  # KV reads are bandwidth-bound
+    ),
+    # The measured 0.223 ms draft step is mostly streaming the 0.85 GiB head (0.19 ms at 4.8 TB/s).
+    draft_timing=DraftTiming(fixed_ms=0.0, stream_ms=0.223 * _H200_OVER_H100_BW),
+    acceptance=LLAMA31_8B.acceptance,  # the same model and head
+    auto_spec=(5, 4, 8),  # _auto_choose_speculative_params: LlamaForCausalLM -> (5, 4, 8)
+    load_s=30.0,
+    graph_capture_s=12.0,
+)
+
+PROFILES: dict[str, Profile] = {p.key: p for p in (QWEN35_122B, LLAMA31_8B, LLAMA31_8B_H100)}
 
 
 def _build(cls: type, data: dict[str, Any], base: Any) -> Any:
@@ -173,11 +218,18 @@ def profile_from_dict(data: dict[str, Any]) -> Profile:
 
 
 def find_profile(model_path: str) -> Profile | None:
-    """The profile for `--model-path`: `$SGLANG_EMULATOR_PROFILE` (a JSON file) wins, then names."""
+    """The profile for `--model-path`: `$SGLANG_EMULATOR_PROFILE` (a JSON file) wins, then
+    `$SGLANG_EMULATOR_LANDSCAPE_SEED` (a profile drawn by family.draw_profile), then names."""
     path = os.environ.get(PROFILE_ENV)
     if path:
         with open(path, encoding="utf-8") as fh:
             profile = profile_from_dict(json.load(fh))
+        return replace(profile, model_names=profile.model_names + (model_path.lower(),))
+    seed = os.environ.get(LANDSCAPE_SEED_ENV)
+    if seed:
+        from .family import draw_profile  # family imports this module
+
+        profile = draw_profile(int(seed))
         return replace(profile, model_names=profile.model_names + (model_path.lower(),))
     lowered = model_path.lower().rstrip("/")
     for profile in PROFILES.values():

@@ -1,0 +1,100 @@
+"""Landscapes the search was not tuned on: the H100 128k profile whose wide trees only fit below
+the chains' memory edge, and the drawn family (sglang_emulator/family.py)."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from sglang_emulator import family as F
+from sglang_emulator import landscape as L
+from sglang_emulator import model as m
+from sglang_emulator.profiles import PROFILES, find_profile
+
+H100 = PROFILES["llama-3.1-8b-h100-128k"]
+WORKLOAD = L.Workload(max_tokens=128, concurrency=32, request_tokens=32768, temperature=0.0)
+MFS = tuple(round(0.70 + 0.01 * i, 2) for i in range(26))  # the sampler benchmark's H200_SPACE range
+
+
+def _shapes():
+    for steps in range(1, 9):
+        yield steps, 1, steps + 1
+        for topk, draft in itertools.product((2, 4, 8), (2, 4, 8, 16, 24, 32)):
+            if draft - 1 <= m.tree_pool_size(steps, topk):
+                yield steps, topk, draft
+
+
+def _front(profile):
+    points = []
+    for (steps, topk, draft), mfs in itertools.product(_shapes(), MFS):
+        e = L.expect(profile, steps=steps, topk=topk, draft_tokens=draft, mem_fraction_static=mfs, workload=WORKLOAD, algorithm="EAGLE3")
+        if e.feasible:
+            points.append(((steps, topk, draft, mfs), e.values()))
+    values = np.array([v for _, v in points])
+    front = [p for p, v in zip(points, values) if not np.any(np.all(values >= v, axis=1) & np.any(values > v, axis=1))]
+    return front
+
+
+def test_single_stream_end_is_a_wide_tree_below_the_chains_memory_edge():
+    front = _front(H100)
+    (steps, topk, draft, mfs), values = max(front, key=lambda p: p[1][0])
+    chain_edge = min(L.mem_fraction_edge(H100, steps=s, topk=1, algorithm="EAGLE3") for s in range(1, 9))
+    assert topk > 1 and draft >= 16
+    # The property that made the old sampler fail: the tree starts only several points below
+    # where every chain still starts (and where the capacity end sits).
+    assert mfs <= chain_edge - 0.02
+    tree_edge = L.mem_fraction_edge(H100, steps=steps, topk=topk, draft_tokens=draft, algorithm="EAGLE3")
+    assert tree_edge <= chain_edge - 0.02
+    over = L.expect(H100, steps=steps, topk=topk, draft_tokens=draft, mem_fraction_static=round(tree_edge + 0.01, 2),
+                    workload=WORKLOAD, algorithm="EAGLE3")
+    assert over.failure == "memory_graph"
+    # The capacity end is at the top of the range, where the tree cannot start.
+    (_, _, _, cap_mfs), _ = max(front, key=lambda p: (p[1][2], p[1][1]))
+    assert cap_mfs > tree_edge
+    # And the tree is worth finding: well ahead of the best chain alone.
+    best_chain = max(
+        L.expect(H100, steps=s, topk=1, draft_tokens=s + 1, mem_fraction_static=0.9, workload=WORKLOAD, algorithm="EAGLE3").single_tps
+        for s in range(1, 9)
+    )
+    assert values[0] > 1.15 * best_chain
+
+
+def test_flashinfer_tree_state_follows_the_source_sizes():
+    spec = m.SpecShape("EAGLE3", 5, 8, 32)
+    verify, draft = m.tree_state_gib(H100, spec, 48)
+    # 48 x 32 tokens x 131,072 x (int32 + uint8); 5 steps x 48 x 8 x 131,072 x int32
+    assert verify == pytest.approx(48 * 32 * 131_072 * 5 / 2**30)
+    assert draft == pytest.approx(5 * 48 * 8 * 131_072 * 4 / 2**30)
+    assert m.tree_state_gib(H100, m.SpecShape("EAGLE3", 5, 1, 6), 48) == (0.0, 0.0)  # chains stay on FA3
+    # The calibrated H200 profile is unchanged (flag off).
+    assert m.tree_state_gib(PROFILES["llama-3.1-8b-instruct"], spec, 48) == (0.0, 0.0)
+
+
+def test_drawn_profiles_are_deterministic_and_within_their_ranges():
+    base = PROFILES[F.FAMILY_BASE]
+    seen = set()
+    for seed in range(30):
+        p = F.draw_profile(seed)
+        assert p == F.draw_profile(seed) and F.draw_overrides(seed) == F.draw_overrides(seed)
+        seen.add((p.memory.kv_cell_bytes, p.acceptance.first))
+        r = F.RANGES
+        a = p.acceptance
+        for name in ("first", "depth_decay", "second_share", "temperature_slope", "prompt_spread", "degenerate"):
+            assert r[name][0] - 1e-4 <= getattr(a, name) <= r[name][1] + 1e-4, name
+        assert r["context_mib"][0] <= p.gpu.context_mib <= r["context_mib"][1]
+        assert r["weights_factor"][0] - 1e-3 <= p.memory.weights_gib / base.memory.weights_gib <= r["weights_factor"][1] + 1e-3
+        assert r["stream_factor"][0] - 1e-3 <= p.timing.stream_ms / base.timing.stream_ms <= r["stream_factor"][1] + 1e-3
+        assert r["knee_tokens"][0] <= p.timing.knee_tokens <= r["knee_tokens"][1]
+        assert p.memory.kv_cell_bytes in {s.cell_bytes for s in F.KV_SHAPES}
+        assert p.context_len in F.CONTEXTS and p.memory.flashinfer_tree_state
+        # Every drawn landscape can run SGLang's own default configuration.
+        e = L.expect(p, steps=3, topk=1, draft_tokens=4, mem_fraction_static=0.85, workload=WORKLOAD)
+        assert e.feasible, (seed, e.failure)
+    assert len(seen) == 30
+
+
+def test_the_live_emulator_serves_a_drawn_profile(monkeypatch):
+    monkeypatch.delenv("SGLANG_EMULATOR_PROFILE", raising=False)
+    monkeypatch.setenv("SGLANG_EMULATOR_LANDSCAPE_SEED", "7")
+    p = find_profile("any/Model")
+    assert p is not None and p.key == "drawn-7" and p.acceptance == F.draw_profile(7).acceptance
