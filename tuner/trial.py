@@ -78,6 +78,20 @@ class TrialRunner:
         self._record_launch(trial, spec, flags=None)
         self.reporter.trial_started(trial.number, Params(), spec.launch_command)
         self.reporter.phase(f"baseline: {kind.replace('_', ' ')}")
+        return self._run_sibling(study, trial, spec)
+
+    def run_schedule(self, study: optuna.Study, spec: LaunchSpec, schedule: dict, *, label: str) -> optuna.trial.FrozenTrial:
+        """Measure one launch `tuner.schedule` needs (a static configuration at every level, or an
+        adaptive server), as a trial of the sibling study `<name>@baselines` with `schedule` in
+        its user attrs; a launch that fails is recorded, never a reason to stop."""
+        trial = study.ask()
+        trial.set_user_attr(record.SCHEDULE, schedule)
+        self._record_launch(trial, spec, flags=spec.params.as_dict())
+        self.reporter.trial_started(trial.number, spec.params, spec.launch_command)
+        self.reporter.phase(f"schedule: {label}")
+        return self._run_sibling(study, trial, spec)
+
+    def _run_sibling(self, study: optuna.Study, trial: optuna.Trial, spec: LaunchSpec) -> optuna.trial.FrozenTrial:
         try:
             values = self.run(trial, spec)
         except optuna.TrialPruned:
