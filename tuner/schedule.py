@@ -27,18 +27,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import optuna
+from optuna_dashboard import save_note
 
 from tuner.cli import guarded
 from tuner.config import DEFAULT_CONFIG, Config, IntRange, apply_overrides, load_config
-from tuner.errors import ConfigError, HostError, TunerError
+from tuner.errors import ConfigError, HostError, LaunchError, MeasureError, TunerError
 from tuner.measure.objectives import load_objectives
 from tuner.measure.workload import load_workload
 from tuner.progress import SilentReporter
 from tuner.results import artifacts, baselines
 from tuner.results import schedule as sch
-from tuner.results.optuna_private import storage_of
+from tuner.results.optuna_private import storage_of, trial_id_of
+from tuner.results.record import SPECULATIVE_ADAPTIVE
 from tuner.results.storage import load_existing_study
-from tuner.sequence import Target, connected, launch
+from tuner.sequence import Target, connected, launch, measure_server
 from tuner.sglang_args import ADAPTIVE_ALGORITHMS, SPECULATIVE_SHAPE, CommandLine, Params
 from tuner.target.control.process import ProcessControl
 from tuner.target.control.systemd import APPLIED_NAME, SystemdControl
@@ -299,8 +301,79 @@ def edge_mem_fraction(plan: Plan, cfg: dict) -> float | None:
 
 
 # -- verification ----------------------------------------------------------------------------
+def _adaptive_launch(plan: Plan, session: Session, cfg: dict | None, mfs: float | None):
+    """One adaptive server (the tuned table, or SGLang's default with `cfg` None) measured at
+    every level, recorded in `<name>@baselines`; (trial, tok/s by level, why it did not count)."""
+    target = session.target
+    path = None
+    if cfg is not None:
+        path = table_path_on_target(plan.config, target.control, role="verify")
+        install_table(target, path, sch.dumps(cfg))
+    role = "tuned" if cfg is not None else "sglang_default"
+    attrs = {"role": role, "table": cfg or sch.DEFAULT_ADAPTIVE_CONFIG, "levels": plan.levels, "workload": plan.workload}
+    trial = session.runner.run_schedule(session.sibling, adaptive_spec(plan.config, target, path, mfs), attrs,
+                                        label="tuned table" if cfg is not None else "SGLang's default table")
+    session.runner.reporter.trial_finished(trial)
+    by_level = {int(k): float(v) for k, v in (trial.user_attrs.get("concurrent_tps_by_level") or {}).items()}
+    why = None
+    if trial.state.name != "COMPLETE":
+        why = f"the adaptive server did not run: {trial.user_attrs.get('fail_reason', trial.state.name)}"
+    elif trial.user_attrs.get(SPECULATIVE_ADAPTIVE) is False:
+        why = "the server reports speculative_adaptive=false in /server_info: it fell back to static speculation"
+    return trial, ({} if why else by_level), why
+
+
+def load_sequence(levels: list[int]) -> list[int]:
+    """A changing load over the measured levels, up and down: 1 -> hi/2 -> 4 -> hi -> 2."""
+    hi = max(levels)
+    return [x for x in dict.fromkeys([1, hi // 2, 4, hi, 2]) if 1 <= x <= hi]
+
+
+def changing_load(plan: Plan, session: Session, cfg: dict, mfs: float | None, per_level: dict[int, float]) -> str:
+    """The tuned server under a load that jumps between levels (each held for the schedule's
+    concurrent_requests): no stream may be dropped and no level may collapse (< half its
+    steady per-level rate) while the steps switch."""
+    target = session.target
+    path = table_path_on_target(plan.config, target.control, role="verify")
+    seq = load_sequence(plan.levels)
+    bench = plan.config.bench.model_copy(update={"concurrency": seq})
+    try:
+        ready = launch(target, adaptive_spec(plan.config, target, path, mfs), phase=session.runner.reporter.phase)
+        m = measure_server(target, ready.info, session.runner.workload, bench=bench, phase=session.runner.reporter.phase)
+    except (LaunchError, MeasureError) as exc:
+        return f"changing load {' -> '.join(map(str, seq))}: FAILED, {exc}"
+    finally:
+        target.control.stop()
+    collapsed = [f"{lvl} ({m.concurrent_tps_by_level[lvl]:,.0f} vs {per_level[lvl]:,.0f} tok/s)"
+                 for lvl in seq if lvl in per_level and m.concurrent_tps_by_level.get(lvl, 0) < 0.5 * per_level[lvl]]
+    rates = ", ".join(f"{lvl}: {m.concurrent_tps_by_level.get(lvl, 0):,.0f}" for lvl in seq)
+    if collapsed:
+        return f"changing load {' -> '.join(map(str, seq))}: no stream dropped, but throughput collapsed at {', '.join(collapsed)}"
+    return f"changing load {' -> '.join(map(str, seq))}: no stream dropped, no level collapsed (tok/s {rates})"
+
+
 def verify_table(plan: Plan, session: Session, cfg: dict) -> None:
-    print("verification: not implemented yet", file=sys.stderr)
+    """Launch the tuned table and SGLang's default one, compare per level with the best static
+    configuration, run the changing load; print one table and a verdict, note it on the dashboard."""
+    mfs = edge_mem_fraction(plan, cfg)
+    tuned_trial, tuned, why = _adaptive_launch(plan, session, cfg, mfs)
+    if why is not None:
+        print(f"verification: {why}. The table is written; verify it on SGLang 0.5.23 or later "
+              "(EAGLE/EAGLE3/NEXTN, topk 1, no attention DP).", file=sys.stderr)
+        return
+    _, default, why_default = _adaptive_launch(plan, session, None, mfs)
+    load_line = changing_load(plan, session, cfg, mfs, tuned)
+    rows = sch.rows_for(plan.figs, plan.levels, default, tuned)
+    table = sch.comparison_markdown(rows, cfg)
+    lines = [table, f"verdict: {sch.verdict(rows)}", load_line]
+    if why_default:
+        lines.append(f"SGLang's default table: {why_default}")
+    print("\n".join(lines), file=sys.stderr)
+    body = "## Verification of the tuned table\n\n```json\n" + sch.dumps(cfg) + "```\n\n" + "\n\n".join(lines) + "\n"
+    try:
+        save_note(optuna.Trial(session.sibling, trial_id_of(session.sibling, tuned_trial.number)), body)
+    except Exception as exc:  # a note is a convenience
+        print(f"warning: could not save the verification's dashboard note: {exc}", file=sys.stderr)
 
 
 # -- --apply / --restore ----------------------------------------------------------------------

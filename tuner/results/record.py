@@ -20,7 +20,7 @@ __all__ = [
     "MAX_TOTAL_NUM_TOKENS", "MAX_RUNNING_REQUESTS", "ACCEPT_LENGTH", "TTFT_MS", "STARTUP_S",
     "SGLANG_VERSION", "ACCELERATOR", "GPU_COUNT", "SERVER_MEM_FRACTION_STATIC", "HYPERVOLUME",
     "DUPLICATE_OF", "RULED_OUT_BY", "RETRY_OF", "WARM_START", "BASELINE", "CONSTRAINTS",
-    "SERVER_LOG_ARTIFACT", "SINGLE_TPS_SPREAD", "SINGLE_TPS_CI95", "INTERRUPTED", "SCHEDULE",
+    "SERVER_LOG_ARTIFACT", "SINGLE_TPS_SPREAD", "SINGLE_TPS_CI95", "INTERRUPTED", "SCHEDULE", "SPECULATIVE_ADAPTIVE",
     "params_of", "record_launch", "record_server", "record_measurement", "record_failure", "SETTLED_COPY_SKIPS",
 ]
 
@@ -46,6 +46,7 @@ SGLANG_VERSION = "sglang_version"
 ACCELERATOR = "accelerator"
 GPU_COUNT = "gpu_count"
 SERVER_MEM_FRACTION_STATIC = "server_mem_fraction_static"
+SPECULATIVE_ADAPTIVE = "speculative_adaptive"  # read back from /server_info when it says (False: SGLang fell back to static)
 
 # -- the measurement -------------------------------------------------------------------------
 ACCEPT_LENGTH = "accept_length"  # contract
@@ -90,6 +91,8 @@ def record_server(trial, info: ServerInfo, startup_s: float) -> None:
     trial.set_user_attr(STARTUP_S, round(startup_s, 1))
     if info.args.get("mem_fraction_static") is not None:
         trial.set_user_attr(SERVER_MEM_FRACTION_STATIC, info.args.get("mem_fraction_static"))
+    if isinstance(info.args.get("speculative_adaptive"), bool):
+        trial.set_user_attr(SPECULATIVE_ADAPTIVE, info.args["speculative_adaptive"])
     trial.set_user_attr(MAX_TOTAL_NUM_TOKENS, info.max_total_num_tokens)
     trial.set_user_attr(MAX_RUNNING_REQUESTS, info.max_running_requests)
     for key, value in ((SGLANG_VERSION, info.version), (ACCELERATOR, info.accelerator), (GPU_COUNT, info.gpu_count)):

@@ -43,7 +43,7 @@ from tuner.results.picks import DEFAULT_NOISE
 __all__ = [
     "DEFAULT_ADAPTIVE_CONFIG", "Sample", "Figure", "levels_up_to", "parse_levels", "samples_from_trials",
     "figures", "choose", "table_for", "validate", "dumps", "candidates_of", "missing_steps", "launch_mem_fraction",
-    "steps_range", "expected_tps", "union_of",
+    "steps_range", "expected_tps", "union_of", "Row", "best_static", "rows_for", "verdict", "comparison_markdown",
 ]
 
 # adaptive_spec_params.py · DEFAULT_ADAPTIVE_CONFIG (0.5.23), verbatim.
@@ -273,3 +273,78 @@ def expected_tps(figs: Mapping[int, Mapping[int, Figure]], cfg: Mapping[str, Any
     known = [figs.get(level, {}).get(s) for s in slots[key]]
     known = [f.tps for f in known if f is not None]
     return max(known) if known else None
+
+
+# -- verification ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Row:
+    """One level of the verification: the study's best static configuration there, SGLang's
+    default table and the tuned table, each measured (tok/s), with the noise that ties them."""
+
+    level: int
+    best_static: Figure | None
+    default: float | None
+    tuned: float | None
+
+    def _tie(self, value: float | None) -> bool | None:
+        if value is None or self.best_static is None:
+            return None
+        return self.best_static.tps - value <= max(self.best_static.noise, DEFAULT_NOISE * value)
+
+    @property
+    def tuned_matches_static(self) -> bool | None:
+        return self._tie(self.tuned)
+
+    @property
+    def tuned_vs_default(self) -> float | None:
+        return (self.tuned - self.default) / self.default if self.tuned and self.default else None
+
+
+def best_static(figs: Mapping[int, Mapping[int, Figure]], level: int) -> Figure | None:
+    row = list(figs.get(level, {}).values())
+    return max(row, key=lambda f: f.tps) if row else None
+
+
+def rows_for(figs: Mapping[int, Mapping[int, Figure]], levels: Iterable[int], default: Mapping[int, float],
+             tuned: Mapping[int, float]) -> list[Row]:
+    return [Row(lvl, best_static(figs, lvl), default.get(lvl), tuned.get(lvl)) for lvl in levels]
+
+
+def verdict(rows: list[Row]) -> str:
+    """One sentence: does the tuned table hold each level's own best, and where does it beat
+    SGLang's default table beyond noise."""
+    measured = [r for r in rows if r.tuned_matches_static is not None]
+    if not measured:
+        return "the tuned table was not measured: no verdict"
+    behind = [r.level for r in measured if not r.tuned_matches_static]
+    ahead = [r.level for r in rows if r.tuned_vs_default is not None and r.tuned_vs_default > DEFAULT_NOISE]
+    worse = [r.level for r in rows if r.tuned_vs_default is not None and r.tuned_vs_default < -DEFAULT_NOISE]
+    head = ("the tuned table is within measurement noise of the best static configuration at every level"
+            if not behind else f"the tuned table falls behind the best static configuration at level(s) {', '.join(map(str, behind))}")
+    parts = [head]
+    if ahead:
+        parts.append(f"ahead of SGLang's default table at {', '.join(map(str, ahead))}")
+    if worse:
+        parts.append(f"behind it at {', '.join(map(str, worse))}")
+    if not ahead and not worse and any(r.tuned_vs_default is not None for r in rows):
+        parts.append("level with SGLang's default table within noise")
+    return "; ".join(parts)
+
+
+def _cell(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f} ±{DEFAULT_NOISE * value:,.0f}"
+
+
+def comparison_markdown(rows: list[Row], cfg: Mapping[str, Any]) -> str:
+    """The per-level comparison as a Markdown table (the verification's dashboard note and the
+    terminal print it)."""
+    slots = candidates_of(cfg)
+    lines = ["| in flight | best static (steps) | SGLang default table | tuned table | tuned candidates | tuned vs default |",
+             "|---:|---|---|---|---|---:|"]
+    for r in rows:
+        b = r.best_static
+        static = "-" if b is None else f"{b.tps:,.0f} ±{b.noise:,.0f} ({b.steps})"
+        key = max((k for k in slots if k <= r.level), default=min(slots))
+        gain = "-" if r.tuned_vs_default is None else f"{r.tuned_vs_default:+.1%}"
+        lines.append(f"| {r.level} | {static} | {_cell(r.default)} | {_cell(r.tuned)} | {slots[key]} | {gain} |")
+    return "\n".join(lines) + "\n"
