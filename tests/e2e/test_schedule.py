@@ -94,3 +94,20 @@ def test_a_study_of_another_algorithm_gets_one_line_naming_why(tmp_path):
     result = schedule("--config", str(config), "--no-verify")
     assert result.returncode == 2
     assert result.stderr.startswith("error: ") and "adaptive mode runs EAGLE/EAGLE3/NEXTN only" in result.stderr
+
+
+def test_verification_compares_the_tuned_table_with_sglangs_default_and_the_best_static_per_level(tmp_path):
+    config = write_config(tmp_path, space="speculative_num_steps = { choices = [1] }\nspeculative_eagle_topk = { choices = [1] }",
+                          bench=BENCH_ONE_LEVEL)
+    assert run_cli("--trials", "1", "--config", str(config)).returncode == 0
+    out = tmp_path / "t.json"
+    result = schedule("--config", str(config), "--levels", "1,2", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "| in flight | best static (steps) | SGLang default table | tuned table |" in result.stderr
+    assert "verdict: " in result.stderr and "changing load 1 -> 2: no stream dropped" in result.stderr
+    roles = [t.user_attrs["schedule"]["role"] for t in optuna.load_study(study_name="t@baselines", storage=f"sqlite:///{tmp_path / 't.db'}").trials]
+    assert roles.count("tuned") == 1 and roles.count("sglang_default") == 1
+    tuned = next(t for t in optuna.load_study(study_name="t@baselines", storage=f"sqlite:///{tmp_path / 't.db'}").trials
+                 if t.user_attrs["schedule"]["role"] == "tuned")
+    assert tuned.user_attrs["speculative_adaptive"] is True and "--speculative-adaptive-config" in tuned.user_attrs["launch_command"]
+    assert json.loads(out.read_text()) == tuned.user_attrs["schedule"]["table"]
