@@ -52,7 +52,7 @@ def _config(tmp: Path, profile: str, temperature: float) -> Path:
 
         [server]
         command = "{sys.executable} -m sglang_emulator --model-path {model} --host 127.0.0.1 --port {port} --speculative-algorithm {algorithm}"
-        env = {{ SGLANG_EMULATOR_LOAD_SCALE = "0.005" }}
+        env = {{ SGLANG_EMULATOR_LOAD_SCALE = "0.005", SGLANG_EMULATOR_TIME_SCALE = "0.25" }}
 
         [space]
         speculative_num_steps = {{ low = 1, high = 6 }}
