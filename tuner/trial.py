@@ -79,6 +79,20 @@ class TrialRunner:
         self._record_launch(trial, spec, flags=None)
         self.reporter.trial_started(trial.number, Params(), spec.launch_command)
         self.reporter.phase(f"baseline: {kind.replace('_', ' ')}")
+        return self._run_sibling(study, trial, spec)
+
+    def run_schedule(self, study: optuna.Study, spec: LaunchSpec, schedule: dict, *, label: str) -> optuna.trial.FrozenTrial:
+        """Measure one launch `tuner.schedule` needs (a static configuration at every level, or an
+        adaptive server), as a trial of the sibling study `<name>@baselines` with `schedule` in
+        its user attrs; a launch that fails is recorded, never a reason to stop."""
+        trial = study.ask()
+        trial.set_user_attr(record.SCHEDULE, schedule)
+        self._record_launch(trial, spec, flags=spec.params.as_dict())
+        self.reporter.trial_started(trial.number, spec.params, spec.launch_command)
+        self.reporter.phase(f"schedule: {label}")
+        return self._run_sibling(study, trial, spec)
+
+    def _run_sibling(self, study: optuna.Study, trial: optuna.Trial, spec: LaunchSpec) -> optuna.trial.FrozenTrial:
         try:
             values = self.run(trial, spec)
         except optuna.TrialPruned:
@@ -86,7 +100,7 @@ class TrialRunner:
         except (LaunchError, MeasureError) as exc:
             self.fatal = None  # a baseline SGLang cannot run is noted, not a reason to stop
             reason = trial.user_attrs.get(record.FAIL_REASON) or str(exc)
-            if kind == "adaptive" and "--speculative-adaptive" in reason:
+            if "--speculative-adaptive" in reason and "unrecognized" in (trial.user_attrs.get(record.LOG_TAIL) or reason):
                 reason = "not available on this SGLang (it has no --speculative-adaptive; 0.5.23 has)"
             trial.set_user_attr(record.FAIL_REASON, reason)
             return study.tell(trial, state=optuna.trial.TrialState.FAIL)
@@ -102,7 +116,7 @@ class TrialRunner:
             ready = launch(self.target, spec, phase=phase)
             self._check_hardware(trial, ready.info)
             record.record_server(trial, ready.info, ready.startup_s)
-            if self.config.study.enqueue_current and record.BASELINE not in trial.user_attrs:
+            if self.config.study.enqueue_current and trial.study.study_name == self.config.study.name:
                 family_default_from_server(self.config, trial.study, ready.info.architecture, self.target.command)
             m = measure_server(self.target, ready.info, self.workload, phase=phase)
         except KeyboardInterrupt:

@@ -21,7 +21,7 @@ __all__ = [
     "SGLANG_VERSION", "ACCELERATOR", "GPU_COUNT", "SERVER_MEM_FRACTION_STATIC", "HYPERVOLUME",
     "ATTENTION_BACKEND", "PAGE_SIZE", "SPECULATIVE_ADAPTIVE", "ARCHITECTURE", "DP_RANKS", "ACCEPT_LENGTH_SOURCE",
     "SERVER_ACCEPT_LENGTH", "THINKING_TOKENS", "DUPLICATE_OF", "RULED_OUT_BY", "RETRY_OF", "WARM_START", "BASELINE", "CONSTRAINTS",
-    "SERVER_LOG_ARTIFACT", "SINGLE_TPS_SPREAD", "SINGLE_TPS_CI95", "INTERRUPTED",
+    "SERVER_LOG_ARTIFACT", "SINGLE_TPS_SPREAD", "SINGLE_TPS_CI95", "INTERRUPTED", "SCHEDULE",
     "params_of", "record_launch", "record_server", "record_measurement", "record_failure", "SETTLED_COPY_SKIPS",
 ]
 
@@ -34,6 +34,10 @@ WORKER = "worker"  # "<hostname>:<pid>" of the tuner process that ran it
 WARM_START = "warm_start"  # "current" | "sglang_default": why the warm start queued it
 RETRY_OF = "retry_of"  # the interrupted trial this one measures again
 BASELINE = "baseline"  # in <name>@baselines: "no_speculation" | "adaptive"
+# in <name>@baselines, a launch of `tuner.schedule`: {"role": "static", "steps": N, "levels": [...],
+# "workload": {...}} for a static configuration the table needs, or {"role": "tuned" | "sglang_default",
+# "table": {...}, ...} for an adaptive server it verifies with
+SCHEDULE = "schedule"
 
 # -- what the server reported once ready -----------------------------------------------------
 STARTUP_S = "startup_s"

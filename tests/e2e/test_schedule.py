@@ -1,0 +1,113 @@
+"""`python -m tuner.schedule` end to end on the emulator: the table from measurements (reusing the
+study's, launching what is missing), written where SGLang loads it; --apply and --restore."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import httpx
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from ..conftest import PYTHON, REPO, run_cli, stop_servers_left_in, wait_serving, write_config
+
+pytestmark = pytest.mark.e2e
+
+SPACE = "speculative_num_steps = { low = 1, high = 2 }\nspeculative_eagle_topk = { choices = [1] }"
+
+
+def schedule(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, "-m", "tuner.schedule", *args], capture_output=True, text=True, cwd=REPO, timeout=timeout)
+
+
+def test_no_verify_writes_a_loadable_table_reusing_the_study_and_launching_only_what_is_missing(tmp_path):
+    config = write_config(tmp_path, space=SPACE)
+    assert run_cli("--trials", "1", "--config", str(config), "--seed", "0").returncode == 0
+    storage = f"sqlite:///{tmp_path / 't.db'}"
+    measured = optuna.load_study(study_name="t", storage=storage).trials[0].params["speculative_num_steps"]
+    out = tmp_path / "t.adaptive.json"
+    result = schedule("--config", str(config), "--levels", "1,4", "--out", str(out), "--no-verify")
+    assert result.returncode == 0, result.stderr
+    table = json.loads(out.read_text())
+    assert list(table) == ["1", "4"] and json.loads(result.stdout) == table
+    for slot in table.values():
+        assert set(slot) == {"candidate_steps"} and slot["candidate_steps"]
+        assert all(isinstance(s, int) and 0 <= s <= 2 for s in slot["candidate_steps"])
+    launches = optuna.load_study(study_name="t@baselines", storage=storage).trials
+    steps = sorted(t.user_attrs["schedule"]["steps"] for t in launches)
+    # The study measured one steps value at level 4 only: every steps value is launched once (for
+    # level 1), speculation off included; each launch measured every level.
+    assert steps == [0, 1, 2] and all(t.state == TrialState.COMPLETE for t in launches)
+    for t in launches:
+        assert t.user_attrs["schedule"]["role"] == "static" and set(t.user_attrs["concurrent_tps_by_level"]) >= {"1", "4"}
+    assert "--speculative" not in next(t for t in launches if t.user_attrs["schedule"]["steps"] == 0).user_attrs["launch_command"]
+    assert any(f"--speculative-num-steps {measured}" in t.user_attrs["launch_command"] for t in launches)
+    # Everything is measured now: a second run launches nothing and writes the same table.
+    again = schedule("--config", str(config), "--levels", "1,4", "--out", str(out), "--no-verify")
+    assert again.returncode == 0, again.stderr
+    assert len(optuna.load_study(study_name="t@baselines", storage=storage).trials) == 3
+    assert json.loads(out.read_text()) == table and "launch" not in again.stderr
+
+
+def test_apply_installs_the_table_beside_the_workdir_and_restore_undoes_it(tmp_path):
+    config = write_config(tmp_path, space="speculative_num_steps = { choices = [2] }\nspeculative_eagle_topk = { choices = [1] }",
+                          bench=BENCH_ONE_LEVEL)
+    assert run_cli("--trials", "1", "--config", str(config)).returncode == 0
+    port = int(config.read_text().split("--port ")[1].split()[0])
+    out = tmp_path / "out.json"
+    try:
+        result = schedule("--config", str(config), "--levels", "2", "--out", str(out), "--no-verify", "--apply")
+        assert result.returncode == 0, result.stderr
+        installed = tmp_path / "work" / "t.adaptive.json"
+        assert json.loads(installed.read_text()) == json.loads(out.read_text())
+        wait_serving(port)
+        info = httpx.get(f"http://127.0.0.1:{port}/server_info").json()
+        assert info["speculative_adaptive"] is True
+        assert f"--speculative-adaptive-config {installed}" in info["launch_command"]
+        assert "applied: ready" in result.stderr
+        restored = schedule("--config", str(config), "--restore")
+        assert restored.returncode == 0, restored.stderr
+        assert not installed.exists() and "restored:" in restored.stderr
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+    finally:
+        stop_servers_left_in(tmp_path)
+
+
+BENCH_ONE_LEVEL = """
+max_tokens = 32
+single_requests = 1
+single_min_passes = 1
+single_max_passes = 1
+concurrency = 2
+concurrent_requests = 4
+warmup_requests = 1
+"""
+
+
+def test_a_study_of_another_algorithm_gets_one_line_naming_why(tmp_path):
+    config = write_config(tmp_path, command_flags="--speculative-algorithm STANDALONE --speculative-draft-model-path x",
+                          space="speculative_num_steps = { choices = [2] }")
+    optuna.create_study(study_name="t", storage=f"sqlite:///{tmp_path / 't.db'}")
+    result = schedule("--config", str(config), "--no-verify")
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: ") and "adaptive mode runs EAGLE/EAGLE3/NEXTN only" in result.stderr
+
+
+def test_verification_compares_the_tuned_table_with_sglangs_default_and_the_best_static_per_level(tmp_path):
+    config = write_config(tmp_path, space="speculative_num_steps = { choices = [1] }\nspeculative_eagle_topk = { choices = [1] }",
+                          bench=BENCH_ONE_LEVEL)
+    assert run_cli("--trials", "1", "--config", str(config)).returncode == 0
+    out = tmp_path / "t.json"
+    result = schedule("--config", str(config), "--levels", "1,2", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "| in flight | best static (steps) | SGLang default table | tuned table |" in result.stderr
+    assert "verdict: " in result.stderr and "changing load 1 -> 2: no stream dropped" in result.stderr
+    roles = [t.user_attrs["schedule"]["role"] for t in optuna.load_study(study_name="t@baselines", storage=f"sqlite:///{tmp_path / 't.db'}").trials]
+    assert roles.count("tuned") == 1 and roles.count("sglang_default") == 1
+    tuned = next(t for t in optuna.load_study(study_name="t@baselines", storage=f"sqlite:///{tmp_path / 't.db'}").trials
+                 if t.user_attrs["schedule"]["role"] == "tuned")
+    assert tuned.user_attrs["speculative_adaptive"] is True and "--speculative-adaptive-config" in tuned.user_attrs["launch_command"]
+    assert json.loads(out.read_text()) == tuned.user_attrs["schedule"]["table"]

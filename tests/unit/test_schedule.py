@@ -1,0 +1,176 @@
+"""The per-load schedule's pure half: SGLang's loader rules, the choice per level with ties, and
+which measurements are reused (tuner/results/schedule.py)."""
+
+from __future__ import annotations
+
+import json
+
+import optuna
+import pytest
+from optuna.distributions import IntDistribution
+from optuna.trial import TrialState, create_trial
+
+from tuner.results import schedule as sch
+
+
+# SGLang 0.5.23, srt/speculative/adaptive_spec_params.py · _load_adaptive_config (l.103-139),
+# verbatim but for reading a dict instead of opening the path: the table must pass it.
+def sglang_load_adaptive_config(cfg: dict) -> tuple[dict, dict[int, dict]]:
+    bs_entries: dict[int, dict] = {}
+    for key, entry in cfg.items():
+        if not key.isdigit():
+            continue
+
+        steps = entry.get("candidate_steps")
+        if (
+            not isinstance(steps, list)
+            or not steps
+            or not all(isinstance(s, int) and s >= 0 for s in steps)
+        ):
+            raise ValueError(
+                f"BS {key}: candidate_steps must be a list of non-negative ints, "
+                f"got {steps!r}"
+            )
+        bs_entries[int(key)] = entry
+
+    if not bs_entries:
+        raise ValueError(
+            "speculative_adaptive_config must contain at least one integer-string "
+            'BS key, e.g. {"1": {"candidate_steps": [1,3,7]}}. '
+            f"Got keys: {list(cfg.keys())}"
+        )
+    return cfg, bs_entries
+
+
+def figs_from(table: dict[int, dict[int, float]], noise: float = sch.DEFAULT_NOISE) -> dict:
+    return {level: {s: sch.Figure(s, level, tps, noise * tps, 1, None, ()) for s, tps in row.items()} for level, row in table.items()}
+
+
+def test_the_written_table_loads_in_sglangs_loader_and_reads_back():
+    cfg = sch.table_for({1: [3, 5], 8: [1], 32: [0]})
+    text = sch.dumps(cfg)
+    loaded = json.loads(text)
+    _, slots = sglang_load_adaptive_config(loaded)
+    assert sorted(slots) == [1, 8, 32]
+    assert loaded == {"1": {"candidate_steps": [3, 5]}, "8": {"candidate_steps": [1]}, "32": {"candidate_steps": [0]}}
+    assert list(loaded) == ["1", "8", "32"]  # keys are the levels as strings, in order
+    # No hysteresis or EMA keys unless measured: SGLang's defaults apply (AdaptiveStepSlot.__init__).
+    assert all(set(v) == {"candidate_steps"} for v in loaded.values())
+    assert sch.validate(loaded) == [0, 1, 3, 5]  # --speculative-num-steps must be one of these
+
+
+def test_the_default_table_is_sglangs_verbatim_and_valid():
+    _, slots = sglang_load_adaptive_config(sch.DEFAULT_ADAPTIVE_CONFIG)
+    assert {k: v["candidate_steps"] for k, v in slots.items()} == {1: [1, 3, 5, 7], 8: [0, 1, 3], 32: [0, 1], 64: [0]}
+
+
+@pytest.mark.parametrize("bad", [
+    {"1": {"candidate_steps": []}},
+    {"1": {"candidate_steps": [-1]}},
+    {"1": {"candidate_steps": [1.0]}},
+    {"1": {"candidate_steps": "3"}},
+    {"1": {}},
+    {"ema_alpha": 0.2},
+])
+def test_validate_refuses_what_sglang_refuses_with_its_message(bad):
+    with pytest.raises(ValueError) as ours:
+        sch.validate(bad)
+    with pytest.raises(ValueError) as theirs:
+        sglang_load_adaptive_config(bad)
+    assert str(ours.value) == str(theirs.value)
+
+
+def test_non_digit_keys_are_globals_not_slots():
+    assert sch.validate({"ema_alpha": 0.3, "4": {"candidate_steps": [2]}}) == [2]
+    assert sch.candidates_of({"ema_alpha": 0.3, "4": {"candidate_steps": [2, 1]}}) == {4: [1, 2]}
+
+
+def test_choice_per_level_keeps_the_best_and_whatever_ties_with_it():
+    figs = figs_from({
+        1: {0: 100, 1: 160, 2: 200, 3: 203, 4: 190},  # 2 and 3 within 2% of each other; 4 is 6% behind
+        16: {0: 900, 1: 1000, 2: 960, 3: 850},
+        64: {0: 2000, 1: 1700, 2: 1500, 3: 1300},  # speculation off wins at load
+    })
+    assert sch.choose(figs) == {1: [2, 3], 16: [1], 64: [0]}
+
+
+def test_an_exact_tie_keeps_both_and_zero_competes():
+    figs = figs_from({8: {0: 500, 1: 500, 2: 400}})
+    assert sch.choose(figs) == {8: [0, 1]}
+
+
+def test_a_wide_spread_widens_the_tie():
+    figs = {4: {2: sch.Figure(2, 4, 1000, 100, 3, None, ()), 3: sch.Figure(3, 4, 1080, 20, 1, None, ())}}
+    assert sch.choose(figs) == {4: [2, 3]}  # 80 apart, within the 100 of steps 2's repeated launches
+
+
+def test_figures_pool_repeated_launches_and_take_the_best_memory_fraction():
+    samples = [
+        sch.Sample(2, 0.80, {1: 100.0, 16: 1000.0}, "study#0"),
+        sch.Sample(2, 0.80, {1: 110.0}, "study#1"),
+        sch.Sample(2, 0.90, {16: 1200.0}, "baselines#0"),
+    ]
+    figs = sch.figures(samples, [1, 16])
+    assert figs[1][2].tps == pytest.approx(105.0) and figs[1][2].runs == 2
+    assert figs[1][2].noise == pytest.approx(5.0)  # half the range beats 2% of 105
+    assert figs[16][2].tps == 1200.0 and figs[16][2].mem_fraction_static == 0.9
+    assert sch.missing_steps(figs, [0, 2]) == [0]
+
+
+def _trial(number, *, attrs, state=TrialState.COMPLETE):
+    t = create_trial(state=state, values=[1.0] if state == TrialState.COMPLETE else None,
+                     params={"speculative_num_steps": 1}, distributions={"speculative_num_steps": IntDistribution(1, 8)},
+                     user_attrs=attrs)
+    t.number = number
+    return t
+
+
+def test_reuse_takes_topk1_trials_no_speculation_and_schedule_launches_of_the_same_workload_and_hardware():
+    wl = {"temperature": 0.0}
+    hw = {"accelerator": "H100", "gpu_count": 4}
+    by_level = {"16": 1000.0}
+    trials = [
+        _trial(0, attrs={"flags": {"speculative_num_steps": 3, "speculative_eagle_topk": 1, "mem_fraction_static": 0.85},
+                         "concurrent_tps_by_level": by_level, "accelerator": "H100", "gpu_count": 4}),
+        _trial(1, attrs={"flags": {"speculative_num_steps": 3, "speculative_eagle_topk": 2}, "concurrent_tps_by_level": by_level}),
+        _trial(2, attrs={"flags": {"speculative_num_steps": 2, "speculative_eagle_topk": 1}, "concurrent_tps_by_level": by_level,
+                         "accelerator": "A100", "gpu_count": 4}),
+        _trial(3, attrs={"flags": {"speculative_num_steps": 1, "speculative_eagle_topk": 1}, "concurrent_tps_by_level": by_level,
+                         "duplicate_of": 0}),
+        _trial(4, attrs={"baseline": "no_speculation", "concurrent_tps_by_level": by_level}),
+        _trial(5, attrs={"baseline": "adaptive", "concurrent_tps_by_level": by_level}),
+        _trial(6, attrs={"schedule": {"role": "static", "steps": 5, "workload": wl}, "concurrent_tps_by_level": {"1": 50.0, "64": 9.0}}),
+        _trial(7, attrs={"schedule": {"role": "static", "steps": 6, "workload": {"temperature": 0.7}}, "concurrent_tps_by_level": by_level}),
+        _trial(8, attrs={"schedule": {"role": "tuned"}, "concurrent_tps_by_level": by_level}),
+        _trial(9, attrs={"flags": {"speculative_num_steps": 4, "speculative_eagle_topk": 1}}, state=TrialState.PRUNED),
+    ]
+    samples = sch.samples_from_trials(trials, source="x", hardware=hw, workload=wl)
+    assert [(s.steps, s.source) for s in samples] == [(3, "x#0"), (0, "x#4"), (5, "x#6")]
+    assert samples[0].mem_fraction_static == 0.85 and samples[2].tps_by_level == {1: 50.0, 64: 9.0}
+
+
+def test_launch_memory_fraction_comes_from_the_same_or_nearest_larger_steps():
+    samples = [sch.Sample(3, 0.88, {1: 10.0}, "a"), sch.Sample(3, 0.84, {1: 12.0}, "b"), sch.Sample(5, 0.80, {1: 9.0}, "c")]
+    assert sch.launch_mem_fraction(samples, 3, None) == 0.84
+    assert sch.launch_mem_fraction(samples, 4, None) == 0.80
+    assert sch.launch_mem_fraction(samples, 6, 0.7) == 0.7
+
+
+def test_levels():
+    assert sch.levels_up_to(48) == [1, 2, 4, 8, 16, 32]
+    assert sch.levels_up_to(64) == [1, 2, 4, 8, 16, 32, 64]
+    assert sch.parse_levels("64,1, 8,8") == [1, 8, 64]
+    with pytest.raises(ValueError):
+        sch.parse_levels("0,4")
+    with pytest.raises(ValueError):
+        sch.parse_levels("a")
+    assert sch.steps_range(range(1, 5), 3) == [0, 1, 2, 3, 4]
+    assert sch.steps_range(None, 3) == [0, 3]
+
+
+def test_expected_throughput_of_a_table_routes_a_level_to_the_nearest_lower_key():
+    figs = figs_from({1: {3: 300, 5: 320}, 4: {0: 100, 1: 150, 3: 140}, 16: {0: 1000, 1: 900}})
+    cfg = sch.DEFAULT_ADAPTIVE_CONFIG
+    assert sch.expected_tps(figs, cfg, 1) == 320  # key 1: [1,3,5,7]
+    assert sch.expected_tps(figs, cfg, 4) == 150  # key 1 still: 4 < 8
+    assert sch.expected_tps(figs, cfg, 16) == 1000  # key 8: [0,1,3]
