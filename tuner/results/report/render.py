@@ -54,7 +54,7 @@ def write_html(report: Report, path: Path) -> Path:
              *(f'<p class="note">{e(n)}</p>' for n in report.notes)]
     if report.choices:
         parts.append("<h2>Best configuration per objective</h2><p>From <code>tuner.results.picks</code>: ties within measurement noise "
-                     "go to fewer draft tokens (more KV headroom). Append the flags to the launch command, or run "
+                     "go to fewer draft tokens (more KV headroom), then the smaller topk, then fewer steps. Append the flags to the launch command, or run "
                      "<code>python -m tuner.best --pick NAME</code>.</p>")
         parts.append('<div class="choices">' + "".join(_choice_html(c) for c in report.choices) + "</div>")
     if report.pareto.rows:
