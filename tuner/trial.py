@@ -71,22 +71,29 @@ class TrialRunner:
         return self.run(trial, spec)
 
     def run_baseline(self, study: optuna.Study, kind: str, command) -> optuna.trial.FrozenTrial:
-        """Measure one baseline like a trial, into the sibling study; never stops the run."""
+        """Measure one baseline like a trial, into the sibling study.  One SGLang cannot run
+        is recorded FAIL with its reason (measured again next run); a fatal launch error (the
+        port taken, a bad flag) stops the run as in a trial."""
         spec = command_spec(self.config.server, command, api_key=self.target.api_key)
         trial = study.ask()
         trial.set_user_attr(record.BASELINE, kind)
         self._record_launch(trial, spec, flags=None)
-        self.reporter.trial_started(trial.number, Params(), spec.launch_command)
-        self.reporter.phase(f"baseline: {kind.replace('_', ' ')}")
+        self.reporter.baseline_started(kind, spec.launch_command)
         try:
             values = self.run(trial, spec)
         except optuna.TrialPruned:
             return study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         except (LaunchError, MeasureError) as exc:
-            self.fatal = None  # a baseline SGLang cannot run is noted, not a reason to stop
             trial.set_user_attr(record.FAIL_REASON, trial.user_attrs.get(record.FAIL_REASON) or str(exc))
-            return study.tell(trial, state=optuna.trial.TrialState.FAIL)
-        except BaseException:
+            frozen = study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            if isinstance(exc, LaunchError) and exc.fatal:
+                raise
+            self.fatal = None
+            return frozen
+        except BaseException as exc:
+            if record.FAIL_REASON not in trial.user_attrs:
+                reason = record.INTERRUPTED if isinstance(exc, KeyboardInterrupt) else (str(exc) or type(exc).__name__)
+                record.record_failure(trial, redact(reason, spec.secrets))
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
             raise
         return study.tell(trial, values)
