@@ -130,3 +130,61 @@ def test_baselines_are_shown_under_their_label_outside_the_trial_counter(tmp_pat
     assert reporter.progress.tasks[0].completed == 0
     assert "baseline  no speculation" in console.file.getvalue()
     assert "left" in reporter.progress.tasks[0].fields["eta"]  # the estimated remaining time
+
+
+def _study_with_arms(tmp_path):
+    url = f"sqlite:///{tmp_path}/b.db"
+    names = ["single_tps", "concurrent_tps", "capacity"]
+    study = optuna.create_study(study_name="s", storage=url, directions=["maximize"] * 3)
+    study.set_metric_names(names)
+    flags = {"speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4, "mem_fraction_static": 0.9}
+    study.add_trial(optuna.trial.create_trial(values=[180.0, 1200.0, 24.0], user_attrs={"flags": flags}))
+    sibling = optuna.create_study(study_name="s@baselines", storage=url, directions=["maximize"] * 3)
+    sibling.add_trial(optuna.trial.create_trial(values=[60.0, 500.0, 50.0], user_attrs={"baseline": "no_speculation"}))
+    sibling.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL,
+                                                user_attrs={"baseline": "adaptive", "fail_reason": "interrupted"}))
+    return study
+
+
+def test_a_baseline_that_is_not_complete_is_measured_again(tmp_path):
+    from tuner.results import baselines
+
+    study = _study_with_arms(tmp_path)
+    have = baselines.load(optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/b.db"), "s")
+    assert baselines.missing(have, _config().server.command_line) == ["adaptive"]
+
+
+def test_the_report_and_the_dashboard_note_show_the_baseline_arms(tmp_path):
+    from tuner.results import baselines
+    from tuner.results.report import build
+
+    study = _study_with_arms(tmp_path)
+    report = build(study)
+    assert [row[:2] for row in report.baselines.rows] == [["no speculation", "complete"], ["adaptive", "fail"]]
+    assert any(line.startswith("over no speculation: single_tps 180.0 vs 60.0 (+200%)") for line in report.over_baselines)
+    assert "adaptive: not measured (interrupted); measured again on the next run" in report.over_baselines
+    arms = baselines.load(optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/b.db"), "s")
+    note = baselines.study_note(study, arms)
+    assert "| no speculation | COMPLETE | 60.0 | 500.0 | 50.0 |" in note and "over no speculation" in note
+
+
+def test_an_interrupted_baseline_records_why(tmp_path):
+    from types import SimpleNamespace
+
+    from tuner.progress import SilentReporter
+    from tuner.results.baselines import baseline_command
+    from tuner.trial import TrialRunner
+
+    cfg = _config()
+    runner = object.__new__(TrialRunner)
+    runner.config, runner.target, runner.reporter = cfg, SimpleNamespace(api_key=None), SilentReporter()
+
+    def interrupted(trial, spec):
+        raise KeyboardInterrupt
+
+    runner.run = interrupted
+    sibling = optuna.create_study(directions=["maximize"] * 3)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_baseline(sibling, "no_speculation", baseline_command(cfg.server.command_line, "no_speculation"))
+    (trial,) = sibling.trials
+    assert trial.state == optuna.trial.TrialState.FAIL and trial.user_attrs["fail_reason"] == "interrupted"
