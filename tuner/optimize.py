@@ -288,8 +288,9 @@ def dry_run(config, args, out, err) -> int:
     for launch in p["launches"]:
         label = f"baseline {launch['baseline'].replace('_', ' ')}" if "baseline" in launch else f"trial {launch['trial']} ({launch['source']})"
         out.print(f"{label}: {launch['launch_command']}", highlight=False, markup=False)
-    if args.trials > PROPOSALS_SHOWN:
-        out.print(f"... {args.trials - PROPOSALS_SHOWN} more trial(s), proposed from what these measure", highlight=False)
+    shown = sum("trial" in launch for launch in p["launches"])
+    if args.trials > shown:
+        out.print(f"... {args.trials - shown} more trial(s), proposed from what these measure", highlight=False)
     e = p["estimate"]
     out.print(f"estimate: {_clock(e['duration_s'])} for {args.trials} trial(s) and {sum('baseline' in l for l in p['launches'])} baseline(s), "
               f"{e['gpu_hours']:.2f} GPU-hours on {e['gpus']} GPU(s); {'; '.join(e['from'])}", highlight=False, markup=False)

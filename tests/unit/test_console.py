@@ -188,3 +188,12 @@ def test_an_interrupted_baseline_records_why(tmp_path):
         runner.run_baseline(sibling, "no_speculation", baseline_command(cfg.server.command_line, "no_speculation"))
     (trial,) = sibling.trials
     assert trial.state == optuna.trial.TrialState.FAIL and trial.user_attrs["fail_reason"] == "interrupted"
+
+
+def test_console_lines_are_never_wrapped_when_piped(capsys):
+    from tuner.cli import consoles
+
+    out, err = consoles()
+    line = "warning: " + " ".join(["word"] * 80)  # ~400 columns
+    err.print(line, highlight=False)
+    assert capsys.readouterr().err == line + "\n"

@@ -21,8 +21,9 @@ __all__ = ["first_proposals"]
 
 def first_proposals(config: Config, study: optuna.Study | None, n: int, *, metric_names: list[str],
                     sampler_name: str | None = None, seed: int | None = None) -> list[tuple[Params, str]]:
-    """The first `n` parameter sets a run would launch, each with where it comes from
-    ("warm start: current", "sampler")."""
+    """The parameter sets a run would launch first, each with where it comes from: the queued
+    ones (warm start, retries) and the sampler's first proposal, at most `n` (what the sampler
+    proposes after that depends on what these measure)."""
     sampler = make_sampler(sampler_name or config.study.sampler, seed if seed is not None else config.study.seed,
                            n_objectives=len(metric_names), constraints=config.constraints)
     copy = optuna.create_study(storage=optuna.storages.InMemoryStorage(), sampler=sampler,
@@ -42,4 +43,6 @@ def first_proposals(config: Config, study: optuna.Study | None, n: int, *, metri
         trial = copy.ask()  # left RUNNING: the next proposal treats it as taken, as a run would
         source = trial.user_attrs.get("warm_start") or ("retry" if trial.user_attrs.get("retry_of") is not None else "sampler")
         out.append((suggest(trial, config.space, base), "warm start: " + source if "warm_start" in trial.user_attrs else source))
+        if source == "sampler":
+            break
     return out
