@@ -92,11 +92,13 @@ class RichReporter:
         self.current_started = time.monotonic()
 
     def __enter__(self) -> "RichReporter":
-        self.progress.start()
+        if self.console.is_terminal:  # piped: the lines only, no live display (nor its blank line)
+            self.progress.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.progress.stop()
+        if self.console.is_terminal:
+            self.progress.stop()
 
     def _line(self, text: str) -> None:
         self.console.print(text, highlight=False, soft_wrap=True)

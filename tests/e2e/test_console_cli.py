@@ -70,3 +70,15 @@ def test_baselines_stop_the_run_on_a_taken_port_and_are_measured_again_next_run(
     assert again.returncode == 0, again.stderr
     assert "baseline " not in again.stdout.replace("baseline(s)", "")  # both measured: none to launch
     assert "median of" in again.stdout  # the estimate comes from the study's own history
+
+
+@pytest.mark.parametrize("storage, message", [
+    ("mysql://tuner@localhost/optuna", "error: --storage: 'localhost/optuna' is not a store the tuner supports; use sqlite:///path.db"),
+    ("sqlite:///{tmp}/no/such/dir/x.db", "error: --storage: folder {tmp}/no/such/dir does not exist"),
+])
+def test_storage_errors_are_exactly_one_line(tmp_path, storage, message):
+    config = write_config(tmp_path)
+    result = run_cli("--trials", "1", "--config", str(config), "--storage", storage.format(tmp=tmp_path), timeout=60)
+    assert result.returncode == 2
+    assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith(message.format(tmp=tmp_path))
+    assert not (tmp_path / "no").exists()
