@@ -17,9 +17,9 @@ import sys
 from rich.markup import escape
 from rich.table import Table
 
-from tuner.cli import consoles, guarded, parser
+from tuner.cli import consoles, guarded, in_config, parser
 from tuner.config import DEFAULT_CONFIG, load_config
-from tuner.errors import ConfigError, LaunchError
+from tuner.errors import ConfigError, LaunchError, TunerError
 from tuner.measure.objectives import load_objectives, score
 from tuner.measure.runner import Measurement, measure
 from tuner.measure.workload import load_workload
@@ -141,7 +141,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return body()
         except LaunchError as exc:
-            raise LaunchError(blame_flags(exc.reason, args.flags), kind=exc.kind, fatal=exc.fatal) from None
+            raise LaunchError(in_config(blame_flags(exc.reason, args.flags), args.config), kind=exc.kind, fatal=exc.fatal) from None
+        except ConfigError:
+            raise
+        except TunerError as exc:
+            raise TunerError(in_config(str(exc), args.config)) from None
 
     return guarded(blamed)
 

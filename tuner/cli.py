@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from typing import Callable
 
@@ -15,7 +16,7 @@ from rich.console import Console
 
 from tuner.errors import LaunchError, TunerError
 
-__all__ = ["consoles", "error", "guarded", "parser", "prog_name", "EXIT_ERROR", "EXIT_INTERRUPTED", "ENTRY_POINT"]
+__all__ = ["consoles", "error", "guarded", "parser", "prog_name", "EXIT_ERROR", "EXIT_INTERRUPTED", "ENTRY_POINT", "in_config"]
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -55,6 +56,16 @@ def consoles() -> tuple[Console, Console]:
     out = Console(width=None if sys.stdout.isatty() else 200, soft_wrap=True)
     err = Console(stderr=True, width=None if sys.stderr.isatty() else 200, soft_wrap=True)
     return out, err
+
+
+_SECTION = re.compile(r"\[(study|target|server|space|bench|constraints)\]")
+
+
+def in_config(reason: str, path: str | None) -> str:
+    """A reason that names a config section (`fix [server] command`) also names the file."""
+    if path and path not in reason and _SECTION.search(reason):
+        return f"{reason} (in {path})"
+    return reason
 
 
 def error(message: str) -> int:

@@ -23,7 +23,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from tuner.cli import EXIT_INTERRUPTED, consoles, error, parser
+from tuner.cli import EXIT_INTERRUPTED, consoles, error, in_config, parser
 from tuner.config import DEFAULT_CONFIG, apply_overrides, load_config
 from tuner.errors import ConfigError, HostError, TunerError
 from tuner.results import baselines
@@ -222,13 +222,13 @@ def main(argv: list[str] | None = None) -> int:
             result = run_study(config, trials=args.trials, sampler_name=args.sampler, seed=args.seed,
                                reporter=reporter, timeout_s=args.timeout, patience=args.patience)
     except TunerError as exc:
-        return error(str(exc))
+        return error(in_config(str(exc), args.config))
     except KeyboardInterrupt:
         err.print("interrupted: the running trial is recorded as FAIL (interrupted); the target was restored", highlight=False)
         return EXIT_INTERRUPTED
     _show(result, config, args, out)
     if result.fatal is not None:
-        return error(result.fatal.reason)
+        return error(in_config(result.fatal.reason, args.config))
     return 0
 
 

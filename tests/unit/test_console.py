@@ -197,3 +197,12 @@ def test_console_lines_are_never_wrapped_when_piped(capsys):
     line = "warning: " + " ".join(["word"] * 80)  # ~400 columns
     err.print(line, highlight=False)
     assert capsys.readouterr().err == line + "\n"
+
+
+def test_an_error_naming_a_config_section_also_names_the_file():
+    from tuner.cli import in_config
+
+    reason = "model x does not exist on the target; fix --model-path in [server] command"
+    assert in_config(reason, "studies/demo.toml") == reason + " (in studies/demo.toml)"
+    assert in_config("studies/demo.toml [bench] x: unknown key", "studies/demo.toml") == "studies/demo.toml [bench] x: unknown key"
+    assert in_config("--trials must be >= 0", "studies/demo.toml") == "--trials must be >= 0"
