@@ -81,6 +81,7 @@ def _measure_baselines(config: Config, runner: TrialRunner, study: optuna.Study,
     if not todo:
         return have
     bstudy = baselines.open_sibling(storage, study.study_name, [o.name for o in runner.objectives])
+    recover_stale_trials(bstudy, reporter.warning)  # a baseline a killed tuner left RUNNING gets its reason
     for kind in todo:
         reporter.baseline_finished(runner.run_baseline(bstudy, kind, baselines.baseline_command(command, kind)))
     return baselines.load(storage, study.study_name)

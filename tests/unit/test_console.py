@@ -206,3 +206,16 @@ def test_an_error_naming_a_config_section_also_names_the_file():
     assert in_config(reason, "studies/demo.toml") == reason + " (in studies/demo.toml)"
     assert in_config("studies/demo.toml [bench] x: unknown key", "studies/demo.toml") == "studies/demo.toml [bench] x: unknown key"
     assert in_config("--trials must be >= 0", "studies/demo.toml") == "--trials must be >= 0"
+
+
+def test_best_json_quotes_the_pick_with_its_flags_and_command(tmp_path, capsys):
+    import json
+
+    study = _study_with_arms(tmp_path)
+    config = tmp_path / "c.toml"
+    config.write_text(CONFIG.format(storage=f'storage = "sqlite:///{tmp_path}/b.db"'))
+    assert best.main(["--config", str(config), "--pick", "single_tps", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["study"] == study.study_name and doc["trial"] == 0 and doc["values"]["single_tps"] == 180.0
+    assert doc["flags"]["speculative_num_steps"] == 3 and "--speculative-num-steps 3" in doc["launch_command"]
+    assert doc["reason"].startswith("the highest single_tps (180.0)")
