@@ -219,3 +219,18 @@ def test_best_json_quotes_the_pick_with_its_flags_and_command(tmp_path, capsys):
     assert doc["study"] == study.study_name and doc["trial"] == 0 and doc["values"]["single_tps"] == 180.0
     assert doc["flags"]["speculative_num_steps"] == 3 and "--speculative-num-steps 3" in doc["launch_command"]
     assert doc["reason"].startswith("the highest single_tps (180.0)")
+
+
+def test_the_estimate_comes_from_the_study_history_and_warns_below_the_memory_edge():
+    from datetime import datetime, timedelta
+
+    from tuner.results.estimate import DEFAULT_STARTUP_S, estimate
+
+    fresh = estimate([], n_trials=2, n_baselines=2, gpus=4)
+    assert fresh.startup_s == DEFAULT_STARTUP_S and fresh.warnings and "--trials 2" in fresh.warnings[0]
+    t0 = datetime(2026, 1, 1)
+    done = optuna.trial.create_trial(values=[1.0], user_attrs={"startup_s": 10.0, "measure_s": 20.0})
+    pruned = optuna.trial.create_trial(state=optuna.trial.TrialState.PRUNED)
+    pruned.datetime_start, pruned.datetime_complete = t0, t0 + timedelta(seconds=5)
+    known = estimate([done, pruned], n_trials=10, n_baselines=0, gpus=4)
+    assert not known.warnings and known.total_s == 10 * 30 and known.gpu_hours == pytest.approx(300 * 4 / 3600)

@@ -2,8 +2,8 @@
 
 Per launch that completes: start-up + measurement (the `startup_s` and `measure_s` of earlier
 complete trials and baselines, medians); per launch that fails to start: the wall time of earlier
-pruned launches.  Before any history: the server's load time when known, else `DEFAULT_STARTUP_S`,
-and `DEFAULT_MEASURE_S`.  While the memory edge is unknown (no trial has completed yet) the first
+pruned launches.  The baselines' start-ups count: they are the server's load time without the
+speculative flags.  Before any history: `DEFAULT_STARTUP_S` and `DEFAULT_MEASURE_S`.  While the memory edge is unknown (no trial has completed yet) the first
 `EDGE_LAUNCHES` trials are counted as failed launches, as the memory-edge sampler spends them.
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.results import record
@@ -66,15 +65,15 @@ def _median(values: list[float]) -> float | None:
 
 
 def estimate(trials: list[FrozenTrial], *, n_trials: int, n_baselines: int, gpus: int | None,
-             load_time_s: float | None = None, memory_edge_searched: bool = True) -> Estimate:
+             memory_edge_searched: bool = True) -> Estimate:
     """The run's duration from `trials` (the study's and its baselines', finished)."""
     complete = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get(record.DUPLICATE_OF) is None]
     launched_pruned = [t for t in trials if t.state == TrialState.PRUNED and t.user_attrs.get(record.RULED_OUT_BY) is None]
     sources = []
     startup = _median([t.user_attrs.get(record.STARTUP_S) for t in complete])
     sources.append(f"start-up {startup:.0f} s (median of {len(complete)} earlier launch(es))" if startup
-                   else f"start-up {load_time_s or DEFAULT_STARTUP_S:.0f} s ({'the server' + chr(39) + 's load time' if load_time_s else 'default: no launch measured yet'})")
-    startup = startup or load_time_s or DEFAULT_STARTUP_S
+                   else f"start-up {DEFAULT_STARTUP_S:.0f} s (default: no launch measured yet)")
+    startup = startup or DEFAULT_STARTUP_S
     measure = _median([t.user_attrs.get("measure_s") for t in complete])
     sources.append(f"measurement {measure:.0f} s (median)" if measure else f"measurement {DEFAULT_MEASURE_S:.0f} s (default)")
     measure = measure or DEFAULT_MEASURE_S
@@ -91,10 +90,3 @@ def estimate(trials: list[FrozenTrial], *, n_trials: int, n_baselines: int, gpus
             f"to start; 1-3 launches), so this run may measure nothing; use --trials {EDGE_LAUNCHES + 3} or more")
     return est
 
-
-def study_trials(study: optuna.Study | None, sibling: optuna.Study | None) -> list[FrozenTrial]:
-    out = []
-    for s in (study, sibling):
-        if s is not None:
-            out += [t for t in s.get_trials(deepcopy=False) if t.state.is_finished()]
-    return out
