@@ -17,9 +17,9 @@ import sys
 from rich.markup import escape
 from rich.table import Table
 
-from tuner.cli import consoles, guarded
+from tuner.cli import consoles, guarded, in_config, parser
 from tuner.config import DEFAULT_CONFIG, load_config
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, LaunchError, TunerError
 from tuner.measure.objectives import load_objectives, score
 from tuner.measure.runner import Measurement, measure
 from tuner.measure.workload import load_workload
@@ -27,7 +27,7 @@ from tuner.results.terminal import fmt
 from tuner.sequence import connected, launch_and_measure
 from tuner.target.client import ServerClient
 
-__all__ = ["main", "measurement_table", "warnings_for"]
+__all__ = ["main", "measurement_table", "warnings_for", "build_parser", "blame_flags"]
 
 
 def measurement_table(m: Measurement, objectives) -> Table:
@@ -102,12 +102,26 @@ def _measure(args, err) -> tuple:
     return config, objectives, m
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tuner.bench", description="Measure one server, no study.")
-    p.add_argument("--config", default=DEFAULT_CONFIG, help=f"study config (default {DEFAULT_CONFIG})")
-    p.add_argument("--flags", help="launch the config's command with these flags instead of measuring the running server")
+def build_parser() -> argparse.ArgumentParser:
+    p = parser("tuner.bench", "Measure one SGLang server through the code a trial uses, no study: the server running now, "
+               "or the config's command launched with --flags.")
+    p.add_argument("--config", default=DEFAULT_CONFIG, help="study config: target, command and [bench] workload")
+    p.add_argument("--flags", help="launch the config's command with these flags (replacing the same flags in it) instead of measuring the running server")
     p.add_argument("--json", action="store_true", help="print the measurement as JSON")
-    args = p.parse_args(argv)
+    return p
+
+
+def blame_flags(reason: str, flags: str | None) -> str:
+    """A launch error caused by a flag given in --flags names --flags, not [server] command."""
+    if not flags or "[server] command" not in reason:
+        return reason
+    if any(token.split("=")[0] in reason for token in flags.split() if token.startswith("-")):
+        return reason.replace("[server] command", "--flags")
+    return reason
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     out, err = consoles()
 
     def body() -> int:
@@ -123,7 +137,17 @@ def main(argv: list[str] | None = None) -> int:
             err.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False, soft_wrap=True)
         return 0
 
-    return guarded(body)
+    def blamed() -> int:
+        try:
+            return body()
+        except LaunchError as exc:
+            raise LaunchError(in_config(blame_flags(exc.reason, args.flags), args.config), kind=exc.kind, fatal=exc.fatal) from None
+        except ConfigError:
+            raise
+        except TunerError as exc:
+            raise TunerError(in_config(str(exc), args.config)) from None
+
+    return guarded(blamed)
 
 
 if __name__ == "__main__":

@@ -12,15 +12,16 @@ Ties within measurement noise go to the configuration with fewer draft tokens (t
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 import optuna
 
-from tuner.cli import guarded
+from tuner.cli import guarded, parser
 from tuner.config import DEFAULT_CONFIG, apply_overrides, load_config
 from tuner.errors import TunerError
 from tuner.results.picks import PICKS, pick
-from tuner.results.storage import load_existing_study
+from tuner.results.storage import existing_storage, load_existing_study, study_summaries
 from tuner.results.record import params_of
 from tuner.sequence import connected, launch
 from tuner.target.control.process import ProcessControl
@@ -28,7 +29,7 @@ from tuner.target.control.systemd import APPLIED_NAME, SystemdControl, render_dr
 from tuner.target.launch import launch_spec
 from tuner.target.readiness import wait_ready
 
-__all__ = ["main"]
+__all__ = ["main", "build_parser"]
 
 
 def _apply(config, params) -> None:
@@ -50,19 +51,53 @@ def _apply(config, params) -> None:
     print(f"applied: ready in {ready.startup_s:.0f} s at {config.target.url} ({where})", file=sys.stderr)
 
 
+def build_parser() -> argparse.ArgumentParser:
+    p = parser("tuner.best", "Print the configuration of a study to put into production, and optionally install it on the target.")
+    p.add_argument("--config", default=DEFAULT_CONFIG, help="study config naming the study, its store and the target")
+    p.add_argument("--study-name", help="overrides [study] name (default: the config's)")
+    p.add_argument("--storage", help="overrides [study] storage (default: the config's)")
+    p.add_argument("--pick", choices=PICKS, default="balanced",
+                   help="which trial of the Pareto front: the best of one objective, or balanced (its weakest objective highest)")
+    p.add_argument("--format", choices=("flags", "command", "systemd"), default="flags",
+                   help="the searched flags, the whole launch command, or a systemd drop-in")
+    p.add_argument("--json", action="store_true", help="print the pick (or --list) as JSON on stdout")
+    p.add_argument("--list", action="store_true", help="list the studies in the store with their trial counts and best figures")
+    p.add_argument("--apply", action="store_true", help="install it on the target and wait until the server is ready")
+    return p
+
+
+def _pick_json(config, study, choice, how: str) -> dict:
+    names = list(study.metric_names or [])
+    params = params_of(choice.trial)
+    return {"study": study.study_name, "pick": how, "trial": choice.trial.number, "reason": choice.reason,
+            "tied_with": list(choice.tied_with), "values": dict(zip(names, choice.trial.values)),
+            "flags": params.as_dict() if params else {}, "flags_text": " ".join(params.flags()) if params else "",
+            "launch_command": launch_spec(config.server, params).launch_command if params else None}
+
+
+def _list(config, as_json: bool) -> int:
+    storage = existing_storage(config)
+    rows = study_summaries(storage)
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print(f"no study in {config.storage_url.split('@')[-1]}")
+    for row in rows:
+        best = "  ".join(f"{k}={v:,.1f}" for k, v in row["best"].items()) or "nothing measured"
+        counts = ", ".join(f"{n} {s}" for s, n in row["trials"].items()) or "no trials"
+        print(f"{row['study']:<24} {counts:<40} best: {best}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tuner.best", description="The configuration of a study to put into production.")
-    p.add_argument("--config", default=DEFAULT_CONFIG, help=f"study config (default {DEFAULT_CONFIG})")
-    p.add_argument("--study-name", help="overrides [study] name")
-    p.add_argument("--storage", help="overrides [study] storage")
-    p.add_argument("--pick", choices=PICKS, default="balanced", help="which trial of the front (default balanced)")
-    p.add_argument("--format", choices=("flags", "command", "systemd"), default="flags", help="how to print it (default flags)")
-    p.add_argument("--apply", action="store_true", help="install it on the target and wait until ready")
-    args = p.parse_args(argv)
+    args = build_parser().parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
     def body() -> int:
         config = apply_overrides(load_config(args.config), study_name=args.study_name, storage=args.storage)
+        if args.list:
+            return _list(config, args.json)
         study = load_existing_study(config)
         try:
             choice = pick(study, args.pick)
@@ -70,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
             raise TunerError(str(exc)) from None
         params = params_of(choice.trial)
         print(f"# trial {choice.trial.number} ({args.pick}): {choice.reason}", file=sys.stderr)
-        if args.format == "flags":
+        if args.json:
+            print(json.dumps(_pick_json(config, study, choice, args.pick), indent=2))
+        elif args.format == "flags":
             print(" ".join(params.flags()))
         elif args.format == "command":
             print(launch_spec(config.server, params, api_key=config.target.api_key()).launch_command)

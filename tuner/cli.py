@@ -6,6 +6,9 @@ printed whole, never wrapped, whatever the terminal width (scripts grep them).
 
 from __future__ import annotations
 
+import argparse
+import os
+import re
 import sys
 from typing import Callable
 
@@ -13,17 +16,56 @@ from rich.console import Console
 
 from tuner.errors import LaunchError, TunerError
 
-__all__ = ["consoles", "error", "guarded", "EXIT_ERROR", "EXIT_INTERRUPTED"]
+__all__ = ["consoles", "error", "guarded", "parser", "prog_name", "EXIT_ERROR", "EXIT_INTERRUPTED", "ENTRY_POINT", "in_config"]
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
 
 
+ENTRY_POINT = "sglang-tuner"  # the installed script: `python -m tuner.optimize` by another name
+
+
+def prog_name(module: str) -> str:
+    """How a command names itself in its usage line: the installed script as itself."""
+    if module == "tuner.optimize" and os.path.basename(sys.argv[0] or "") == ENTRY_POINT:
+        return ENTRY_POINT
+    return f"python -m {module}"
+
+
+class _Defaults(argparse.HelpFormatter):
+    """Appends "(default: X)" to a flag's help when it has a value default its help does not
+    already state (None and off switches have none to state)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if "default" in text or default in (None, False, argparse.SUPPRESS) or action.option_strings == ["-h", "--help"]:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def parser(module: str, description: str) -> argparse.ArgumentParser:
+    """A command's parser: a sentence as description, every flag's default in its help."""
+    return argparse.ArgumentParser(prog=prog_name(module), description=description,
+                                   formatter_class=_Defaults)
+
+
 def consoles() -> tuple[Console, Console]:
-    """stdout and stderr consoles; wide enough for tables when piped (CI logs)."""
-    out = Console(width=None if sys.stdout.isatty() else 200)
-    err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+    """stdout and stderr consoles; wide enough for tables when piped (CI logs), and lines of
+    text are never wrapped (soft wrap), whatever the width."""
+    out = Console(width=None if sys.stdout.isatty() else 200, soft_wrap=True)
+    err = Console(stderr=True, width=None if sys.stderr.isatty() else 200, soft_wrap=True)
     return out, err
+
+
+_SECTION = re.compile(r"\[(study|target|server|space|bench|constraints)\]")
+
+
+def in_config(reason: str, path: str | None) -> str:
+    """A reason that names a config section (`fix [server] command`) also names the file."""
+    if path and path not in reason and _SECTION.search(reason):
+        return f"{reason} (in {path})"
+    return reason
 
 
 def error(message: str) -> int:

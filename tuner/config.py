@@ -311,6 +311,7 @@ class Config(_Section):
     constraints: ConstraintsConfig = Field(default_factory=ConstraintsConfig)
     path: str = "<config>"
     base_dir: str = "."
+    storage_flag: bool = False  # the storage URL came from --storage (errors name the flag)
 
     @property
     def storage_url(self) -> str:
@@ -437,7 +438,7 @@ def apply_overrides(config: Config, *, study_name: str | None, storage: str | No
         study = StudyConfig.model_validate({**config.study.model_dump(), **update})
     except ValidationError as exc:
         raise ConfigError(f"--study-name: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
-    return config.model_copy(update={"study": study})
+    return config.model_copy(update={"study": study, "storage_flag": bool(storage) or config.storage_flag})
 
 
 def parse_config(text: str, *, path: str = "<config>", base_dir: str = ".") -> Config:

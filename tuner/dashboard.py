@@ -13,11 +13,12 @@ import os
 import socket
 import sys
 
+from tuner.cli import error, parser
 from tuner.config import DEFAULT_CONFIG, load_config
 from tuner.errors import TunerError
-from tuner.results.storage import storage_for_url
+from tuner.results.storage import existing_storage
 
-__all__ = ["main", "tunnel_command"]
+__all__ = ["main", "tunnel_command", "build_parser"]
 
 
 def tunnel_command(port: int, host: str) -> str | None:
@@ -31,30 +32,32 @@ def tunnel_command(port: int, host: str) -> str | None:
     return f"ssh -N -L {port}:{target}:{port}{port_flag} {getpass.getuser()}@{server_ip}"
 
 
+def build_parser() -> argparse.ArgumentParser:
+    p = parser("tuner.dashboard", "Serve optuna-dashboard on a study's store (every study in it) and its server logs.")
+    p.add_argument("--config", default=DEFAULT_CONFIG, help="study config whose store and artifacts are shown")
+    p.add_argument("--storage", help="overrides [study] storage (default: the config's)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind; 127.0.0.1 is this machine only")
+    p.add_argument("--port", type=int, default=8080, help="port to serve on")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tuner.dashboard", description=__doc__.splitlines()[0])
-    p.add_argument("--config", default=DEFAULT_CONFIG)
-    p.add_argument("--storage", help="overrides [study] storage")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8080)
-    args = p.parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         config = load_config(args.config)
         url = args.storage or config.storage_url
-        storage = storage_for_url(url)
+        storage = existing_storage(config, url, "--storage" if args.storage else None)
         from optuna.artifacts import FileSystemArtifactStore
         from optuna_dashboard import run_server
 
         store = FileSystemArtifactStore(str(config.artifacts_dir)) if config.artifacts_dir.exists() else None
     except TunerError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return error(str(exc))
     with socket.socket() as s:
         try:
             s.bind((args.host, args.port))
         except OSError:
-            print(f"error: port {args.port} on {args.host} is in use; pass --port", file=sys.stderr)
-            return 2
+            return error(f"--port {args.port}: in use on {args.host}; pass another --port")
     shown = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     print(f"optuna-dashboard for {url.split('@')[-1]} at http://{shown}:{args.port}/dashboard/ (Ctrl-C to stop)", flush=True)
     tunnel = tunnel_command(args.port, args.host)

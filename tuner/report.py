@@ -9,12 +9,13 @@ from pathlib import Path
 
 import optuna
 
+from tuner.cli import error, parser
 from tuner.config import DEFAULT_CONFIG, Config, apply_overrides, load_config
 from tuner.errors import TunerError
 from tuner.results.report import Report, build, write_html, write_markdown
 from tuner.results.storage import load_existing_study
 
-__all__ = ["Report", "build", "write_html", "write_markdown", "default_out", "main"]
+__all__ = ["Report", "build", "write_html", "write_markdown", "default_out", "main", "build_parser"]
 
 
 # --- command line ---------------------------------------------------------------------------
@@ -27,13 +28,17 @@ def default_out(config: Config) -> Path:
     return Path("studies") / f"{config.study.name}.report"
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tuner.report", description="Write a study as a self-contained HTML page and a Markdown report with plots.")
-    p.add_argument("--config", default=DEFAULT_CONFIG, help=f"study config (default {DEFAULT_CONFIG})")
-    p.add_argument("--study-name", help="overrides [study] name")
-    p.add_argument("--storage", help="overrides [study] storage")
+def build_parser() -> argparse.ArgumentParser:
+    p = parser("tuner.report", "Write a study as a self-contained HTML page and a Markdown report with plots.")
+    p.add_argument("--config", default=DEFAULT_CONFIG, help="study config naming the study and its store")
+    p.add_argument("--study-name", help="overrides [study] name (default: the config's)")
+    p.add_argument("--storage", help="overrides [study] storage (default: the config's)")
     p.add_argument("--out", help="output directory (default: <name>.report/ beside the sqlite file, else studies/<name>.report/)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     out = None
@@ -44,11 +49,9 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out) if args.out else default_out(config)
         paths = [write_html(report, out / "report.html"), *write_markdown(report, out / "report.md")]
     except TunerError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return error(str(exc))
     except OSError as exc:
-        print(f"error: cannot write the report to {out}: {exc.strerror or exc}; pass --out with a writable directory", file=sys.stderr)
-        return 2
+        return error(f"--out {out}: cannot write the report there: {exc.strerror or exc}; pass --out with a writable directory")
     for path in paths:
         print(path)
     return 0

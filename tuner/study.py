@@ -72,19 +72,18 @@ def open_study(config: Config, *, sampler_name: str | None = None, seed: int | N
 
 
 def _measure_baselines(config: Config, runner: TrialRunner, study: optuna.Study, reporter: Reporter) -> dict:
-    """The baselines this study has not measured yet (once per study)."""
+    """The baselines this study has not measured yet, or whose last try failed or was
+    interrupted; a fatal launch error propagates (the run stops as after a trial's)."""
     storage = storage_of(study)
     have = baselines.load(storage, study.study_name)
     command = runner.target.command
-    todo = [k for k in baselines.KINDS if k not in have and baselines.baseline_command(command, k) is not None]
+    todo = baselines.missing(have, command)
     if not todo:
         return have
-    bstudy = optuna.create_study(study_name=baselines.study_name_for(study.study_name), storage=storage,
-                                 directions=["maximize"] * len(runner.objectives), load_if_exists=True)
-    if bstudy.metric_names is None:
-        bstudy.set_metric_names([o.name for o in runner.objectives])
+    bstudy = baselines.open_sibling(storage, study.study_name, [o.name for o in runner.objectives])
+    recover_stale_trials(bstudy, reporter.warning)  # a baseline a killed tuner left RUNNING gets its reason
     for kind in todo:
-        reporter.trial_finished(runner.run_baseline(bstudy, kind, baselines.baseline_command(command, kind)))
+        reporter.baseline_finished(runner.run_baseline(bstudy, kind, baselines.baseline_command(command, kind)))
     return baselines.load(storage, study.study_name)
 
 
@@ -108,6 +107,9 @@ def run_study(config: Config, *, trials: int, sampler_name: str | None = None, s
     recover_stale_trials(study, reporter.warning)
     workload = load_workload(config.bench.prompts, seed=config.bench.seed, base_dir=config.base_dir)
     result = RunResult(study=study, objectives=objectives)
+    if trials == 0:  # shows the study: nothing is launched, not even a baseline
+        result.baselines = baselines.load(storage_of(study), study.study_name) if config.study.baselines else {}
+        return result
     with connected(config) as target:
         if config.target.manager == "process" and target.client.answers():
             raise HostError(
@@ -119,10 +121,17 @@ def run_study(config: Config, *, trials: int, sampler_name: str | None = None, s
         reporter.run_started(study, config, trials)
         if config.bench.ignore_eos:
             reporter.warning(IGNORE_EOS_WARNING)
-        result.baselines = _measure_baselines(config, runner, study, reporter) if config.study.baselines else {}
+        try:
+            result.baselines = _measure_baselines(config, runner, study, reporter) if config.study.baselines else {}
+        except LaunchError as exc:
+            if not exc.fatal:
+                raise
+            result.fatal = exc
+            result.baselines = baselines.load(storage_of(study), study.study_name)
+            return result
         if config.study.enqueue_current:
             warm_start(config, study, command=target.command)
-        before = len(study.trials)
+        before = _started(study)
         try:
             study.optimize(runner, n_trials=trials, timeout=timeout_s, catch=(MeasureError,), gc_after_trial=False,
                            callbacks=[lambda s, t: reporter.trial_finished(t), _stop_rule(patience, reporter)])
@@ -130,10 +139,26 @@ def run_study(config: Config, *, trials: int, sampler_name: str | None = None, s
             if not exc.fatal:
                 raise
             result.fatal = exc
-        result.trials_run = len(study.trials) - before
+        result.trials_run = _started(study) - before
         if config.target.leave_best and result.fatal is None:
             _leave_best(study, target, reporter)
+    _note_baselines(study, result.baselines, reporter)
     return result
+
+
+def _note_baselines(study: optuna.Study, arms: dict, reporter: Reporter) -> None:
+    """The study's dashboard note: the baseline arms and what tuning adds over them."""
+    if not arms:
+        return
+    try:
+        baselines.save_study_note(study, arms)
+    except Exception as exc:  # a note is a convenience: it must never cost the run
+        reporter.warning(f"could not save the study's dashboard note: {exc}")
+
+
+def _started(study: optuna.Study) -> int:
+    """Trials that ran (a warm start's queued trials are not among them until they do)."""
+    return sum(1 for t in study.get_trials(deepcopy=False) if t.state != optuna.trial.TrialState.WAITING)
 
 
 def _leave_best(study: optuna.Study, target, reporter: Reporter) -> None:

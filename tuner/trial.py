@@ -72,14 +72,16 @@ class TrialRunner:
         return self.run(trial, spec)
 
     def run_baseline(self, study: optuna.Study, kind: str, command) -> optuna.trial.FrozenTrial:
-        """Measure one baseline like a trial, into the sibling study; never stops the run."""
+        """Measure one baseline like a trial, into the sibling study.  One SGLang cannot run
+        is recorded FAIL with its reason (measured again next run); a fatal launch error (the
+        port taken, a bad flag) stops the run as in a trial -- except the adaptive arm on an
+        SGLang without --speculative-adaptive, which is "not available", not an error."""
         spec = self.target.command_spec(command)
         trial = study.ask()
         trial.set_user_attr(record.BASELINE, kind)
         self._record_launch(trial, spec, flags=None)
-        self.reporter.trial_started(trial.number, Params(), spec.launch_command)
-        self.reporter.phase(f"baseline: {kind.replace('_', ' ')}")
-        return self._run_sibling(study, trial, spec)
+        self.reporter.baseline_started(kind, spec.launch_command)
+        return self._run_sibling(study, trial, spec, stop_on_fatal=True)
 
     def run_schedule(self, study: optuna.Study, spec: LaunchSpec, schedule: dict, *, label: str) -> optuna.trial.FrozenTrial:
         """Measure one launch `tuner.schedule` needs (a static configuration at every level, or an
@@ -90,21 +92,29 @@ class TrialRunner:
         self._record_launch(trial, spec, flags=spec.params.as_dict())
         self.reporter.trial_started(trial.number, spec.params, spec.launch_command)
         self.reporter.phase(f"schedule: {label}")
-        return self._run_sibling(study, trial, spec)
+        return self._run_sibling(study, trial, spec, stop_on_fatal=False)
 
-    def _run_sibling(self, study: optuna.Study, trial: optuna.Trial, spec: LaunchSpec) -> optuna.trial.FrozenTrial:
+    def _run_sibling(self, study: optuna.Study, trial: optuna.Trial, spec: LaunchSpec, *,
+                     stop_on_fatal: bool) -> optuna.trial.FrozenTrial:
         try:
             values = self.run(trial, spec)
         except optuna.TrialPruned:
             return study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         except (LaunchError, MeasureError) as exc:
-            self.fatal = None  # a baseline SGLang cannot run is noted, not a reason to stop
             reason = trial.user_attrs.get(record.FAIL_REASON) or str(exc)
-            if "--speculative-adaptive" in reason and "unrecognized" in (trial.user_attrs.get(record.LOG_TAIL) or reason):
+            unavailable = "--speculative-adaptive" in reason and "unrecognized" in (trial.user_attrs.get(record.LOG_TAIL) or reason)
+            if unavailable:
                 reason = "not available on this SGLang (it has no --speculative-adaptive; 0.5.23 has)"
             trial.set_user_attr(record.FAIL_REASON, reason)
-            return study.tell(trial, state=optuna.trial.TrialState.FAIL)
-        except BaseException:
+            frozen = study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            if stop_on_fatal and isinstance(exc, LaunchError) and exc.fatal and not unavailable:
+                raise
+            self.fatal = None
+            return frozen
+        except BaseException as exc:
+            if record.FAIL_REASON not in trial.user_attrs:
+                reason = record.INTERRUPTED if isinstance(exc, KeyboardInterrupt) else (str(exc) or type(exc).__name__)
+                record.record_failure(trial, redact(reason, spec.secrets))
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
             raise
         return study.tell(trial, values)

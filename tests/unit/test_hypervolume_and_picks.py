@@ -54,3 +54,33 @@ def test_balanced_pick_leaves_no_objective_far_behind():
 def test_stop_rule_needs_patience_trials_without_progress():
     study = _study([[100.0, 100.0, 10.0]] + [[50.0, 50.0, 5.0]] * 4, drafts=[2] * 5)
     assert stalled(study, 3) and not stalled(study, 5)
+
+
+def _shaped(rows):
+    """rows: (values, steps, topk, draft, ci)"""
+    study = optuna.create_study(directions=["maximize"] * 3)
+    study.set_metric_names(["single_tps", "concurrent_tps", "capacity"])
+    for v, steps, topk, draft, ci in rows:
+        attrs = {"flags": {"speculative_num_steps": steps, "speculative_eagle_topk": topk, "speculative_num_draft_tokens": draft,
+                           "mem_fraction_static": 0.9}, "single_tps_ci95": ci}
+        study.add_trial(create_trial(values=v, user_attrs=attrs, params={}, distributions={}))
+    return study
+
+
+def test_a_pick_quotes_its_own_figure_not_the_best_of_its_ties():
+    # Trial 1 measured 230.5 (the highest), trial 0 229.8 with fewer draft tokens: trial 0 is picked.
+    study = _shaped([([229.8, 900.0, 10.0], 2, 1, 3, [225.0, 234.0]), ([230.5, 800.0, 9.0], 3, 2, 6, [226.0, 235.0])])
+    choice = pick(study, "single_tps")
+    assert choice.trial.number == 0
+    assert "229.8" in choice.reason and "highest (230.5, trial 1)" in choice.reason
+    assert "1 (fewer draft tokens: 3 vs 6)" in choice.reason
+
+
+def test_equal_draft_tokens_go_to_the_smaller_topk_then_fewer_steps_and_the_reason_says_so():
+    same = [20.0, 500.0, 35.0]
+    study = _shaped([([120.0, 890.0, 35.0], 1, 4, 2, None), ([119.0, 895.0, 35.0], 1, 1, 2, None)])
+    choice = pick(study, "capacity")
+    assert choice.trial.number == 1
+    assert "(smaller topk: 1 vs 4)" in choice.reason and "fewest draft tokens" not in choice.reason
+    steps = _shaped([(same, 3, 2, 4, None), ([19.0, 510.0, 35.0], 2, 2, 4, None)])
+    assert pick(steps, "capacity").trial.number == 1 and "(fewer steps: 2 vs 3)" in pick(steps, "capacity").reason

@@ -1,9 +1,11 @@
 """What static tuning is compared with: the same server with no speculation, and with SGLang
 0.5.23's own `--speculative-adaptive` (runtime step switching by batch size, topk 1 only).
 
-Baselines are measured once per study, like trials, into a sibling study `<name>@baselines`
-(same objectives), so the sampler never sees them as part of the search space.  `compare`
-says what the front adds over each, or that it adds nothing within measurement noise.
+Baselines are measured like trials, into a sibling study `<name>@baselines` (same
+objectives), so the sampler never sees them as part of the search space.  A baseline counts
+as done only when COMPLETE: one that failed or was interrupted is measured again on the next
+run.  `compare` says what the front adds over each, or that it adds nothing within measurement
+noise; `study_note` writes both as the study's optuna-dashboard note.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from tuner.results import record
 from tuner.results.picks import DEFAULT_NOISE, measured_front
 from tuner.sglang_args import ADAPTIVE_ALGORITHMS, SPECULATIVE_SHAPE, CommandLine
 
-__all__ = ["KINDS", "baseline_argv", "study_name_for", "load", "compare", "Comparison", "baseline_command"]
+__all__ = ["KINDS", "baseline_argv", "study_name_for", "load", "compare", "Comparison", "baseline_command", "missing",
+           "open_sibling", "study_note", "save_study_note", "as_json"]
 
 KINDS = ("no_speculation", "adaptive")
 SUFFIX = "@baselines"
@@ -42,17 +45,34 @@ def baseline_argv(argv: list[str], kind: str) -> list[str] | None:
 
 
 def load(storage, name: str) -> dict[str, FrozenTrial]:
-    """The finished baseline trials of a study, by kind (the newest of each)."""
+    """The baseline trials of a study, by kind: the newest COMPLETE one, else the newest
+    finished one (which says why it was not measured)."""
     try:
         study = optuna.load_study(study_name=study_name_for(name), storage=storage)
     except KeyError:
         return {}
     out: dict[str, FrozenTrial] = {}
     for t in study.get_trials(deepcopy=False):
-        kind = t.user_attrs.get("baseline")
-        if kind and t.state.is_finished():
+        kind = t.user_attrs.get(record.BASELINE)
+        if not kind or not t.state.is_finished():
+            continue
+        if t.state == TrialState.COMPLETE or out.get(kind) is None or out[kind].state != TrialState.COMPLETE:
             out[kind] = t
     return out
+
+
+def missing(have: dict[str, FrozenTrial], command: CommandLine) -> list[str]:
+    """The kinds to measure (again): every one SGLang can run that has no COMPLETE trial."""
+    return [k for k in KINDS if baseline_command(command, k) is not None
+            and (have.get(k) is None or have[k].state != TrialState.COMPLETE)]
+
+
+def open_sibling(storage, name: str, metric_names: list[str]) -> optuna.Study:
+    study = optuna.create_study(study_name=study_name_for(name), storage=storage,
+                                directions=["maximize"] * len(metric_names), load_if_exists=True)
+    if study.metric_names is None:
+        study.set_metric_names(metric_names)
+    return study
 
 
 @dataclass(frozen=True)
@@ -81,7 +101,11 @@ def compare(study: optuna.Study, baselines: dict[str, FrozenTrial]) -> list[Comp
         if base is None:
             continue
         if base.state != TrialState.COMPLETE:
-            out.append(Comparison(kind, [f"{kind}: not measured ({base.user_attrs.get('fail_reason', base.state.name)})"], False))
+            why = base.user_attrs.get(record.FAIL_REASON, base.state.name)
+            out.append(Comparison(kind, [f"{kind.replace('_', ' ')}: not measured ({why}); measured again on the next run"], False))
+            continue
+        if not front:
+            out.append(Comparison(kind, [f"over {kind.replace('_', ' ')}: no trial completed yet"], False))
             continue
         lines, gains = [], []
         for i, name in enumerate(names):
@@ -97,3 +121,34 @@ def compare(study: optuna.Study, baselines: dict[str, FrozenTrial]) -> list[Comp
         head = f"over {label}: " + ("static tuning adds nothing beyond measurement noise; " if nothing else "")
         out.append(Comparison(kind, [head + "; ".join(lines) + _caps(front, base)], nothing))
     return out
+
+
+def as_json(baselines: dict[str, FrozenTrial], metric_names: list[str]) -> dict:
+    """The baselines as `--json` prints them: state, values by objective, launch command, reason."""
+    out = {}
+    for kind, t in baselines.items():
+        out[kind] = {"state": t.state.name, "trial": t.number,
+                     "values": dict(zip(metric_names, t.values)) if t.state == TrialState.COMPLETE else None,
+                     "launch_command": t.user_attrs.get(record.LAUNCH_COMMAND),
+                     "fail_reason": t.user_attrs.get(record.FAIL_REASON)}
+    return out
+
+
+def study_note(study: optuna.Study, baselines: dict[str, FrozenTrial]) -> str:
+    """The study's dashboard note: each baseline arm and what tuning adds over it."""
+    names = list(study.metric_names or [])
+    lines = [f"## Baselines of {study.study_name}", "", "Measured like trials, in the sibling study "
+             f"`{study_name_for(study.study_name)}`.", "", "| baseline | state | " + " | ".join(names) + " |",
+             "|---|---|" + "---|" * len(names)]
+    for kind, t in baselines.items():
+        values = [f"{v:,.1f}" for v in t.values] if t.state == TrialState.COMPLETE else ["-"] * len(names)
+        lines.append(f"| {kind.replace('_', ' ')} | {t.state.name} | " + " | ".join(values) + " |")
+    lines += ["", "### What tuning adds", ""]
+    lines += [f"- {line}" for c in compare(study, baselines) for line in c.lines] or ["- nothing measured yet"]
+    return "\n".join(lines) + "\n"
+
+
+def save_study_note(study: optuna.Study, baselines: dict[str, FrozenTrial]) -> None:
+    from optuna_dashboard import save_note
+
+    save_note(study, study_note(study, baselines))

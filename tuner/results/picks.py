@@ -4,7 +4,9 @@ Two configurations tie on an objective when their values differ by less than the
 noise: a trial's own 95% interval where it has one (single_tps), else `DEFAULT_NOISE` (2%, the
 launch-to-launch spread benchmarks/measurement_noise.py measures is ~1%); integer objectives
 (capacity) tie only when equal.  Among tied configurations the pick favours fewer draft tokens
-(more KV headroom), then the higher capacity.
+(more KV headroom), then the smaller topk, then fewer steps, then the higher capacity, then the
+earlier trial; the pick's reason quotes the chosen trial's own figures and names the rule that
+decided each tie.
 """
 
 from __future__ import annotations
@@ -51,9 +53,36 @@ def tied(a: FrozenTrial, b: FrozenTrial, index: int, name: str) -> bool:
     return abs(a.values[index] - b.values[index]) <= tolerance if tolerance else a.values[index] == b.values[index]
 
 
-def _draft(trial: FrozenTrial) -> int:
+def _shape(trial: FrozenTrial) -> tuple[int, int, int]:
+    """(draft tokens, topk, steps) as passed to the server; SGLang forces draft = steps + 1 at topk 1."""
     flags = trial.user_attrs.get("flags") or trial.params
-    return int(flags.get("speculative_num_draft_tokens") or 0)
+    steps = int(flags.get("speculative_num_steps") or 0)
+    topk = int(flags.get("speculative_eagle_topk") or 0)
+    draft = flags.get("speculative_num_draft_tokens")
+    if draft is None and topk == 1 and steps:
+        draft = steps + 1
+    return int(draft or 0), topk, steps
+
+
+# The tie rules in order: (what a smaller key means, how a value reads).
+TIE_RULES = ("fewer draft tokens", "smaller topk", "fewer steps", "higher capacity", "earlier trial")
+
+
+def _tie_key(trial: FrozenTrial, names: list[str]) -> tuple:
+    return (*_shape(trial), -_capacity(trial, names), trial.number)
+
+
+def _decided_by(chosen: FrozenTrial, other: FrozenTrial, names: list[str]) -> str:
+    """`other (rule: mine vs its)`: the first tie rule on which the two differ."""
+    mine, its = _tie_key(chosen, names), _tie_key(other, names)
+    for rule, a, b in zip(TIE_RULES, mine, its):
+        if a != b:
+            if rule == "higher capacity":
+                a, b = -a, -b
+            if rule == "earlier trial":
+                return f"{other.number} ({rule})"
+            return f"{other.number} ({rule}: {a:g} vs {b:g})"
+    return str(other.number)
 
 
 def _capacity(trial: FrozenTrial, names: list[str]) -> float:
@@ -80,7 +109,6 @@ def pick(study: optuna.Study, how: str = "balanced") -> Pick:
         top = max(scores.values())
         # Ties: within the default noise of the best balanced score.
         candidates = [t for t in front if scores[t.number] >= top * (1 - DEFAULT_NOISE)]
-        reason = f"the smallest of its objectives relative to the front's best is the highest ({top:.0%})"
     else:
         matches = [n for n in names if n == how or n.startswith(how + "@")]
         if not matches:
@@ -88,12 +116,22 @@ def pick(study: optuna.Study, how: str = "balanced") -> Pick:
         index = names.index(matches[-1])  # for per-level objectives: the most loaded level
         best = max(front, key=lambda t: t.values[index])
         candidates = [t for t in front if tied(t, best, index, names[index])]
-        reason = f"the highest {names[index]} ({best.values[index]:.1f})"
-    # Among ties: fewer draft tokens (more KV headroom), then more capacity, then lower number.
-    chosen = min(candidates, key=lambda t: (_draft(t), -_capacity(t, names), t.number))
+    # Among ties: fewer draft tokens (more KV headroom), smaller topk, fewer steps, more capacity, earlier.
+    chosen = min(candidates, key=lambda t: _tie_key(t, names))
+    if how == "balanced":
+        mine = scores[chosen.number]
+        reason = f"the smallest of its objectives relative to the front's best is the highest ({mine:.0%})"
+        if mine < top:
+            reason = f"the smallest of its objectives relative to the front's best is {mine:.0%}, within noise of the highest ({top:.0%})"
+    else:
+        reason = f"the highest {names[index]} ({chosen.values[index]:.1f})"
+        if chosen.number != best.number:
+            reason = (f"{names[index]} {chosen.values[index]:.1f}, within measurement noise of the highest "
+                      f"({best.values[index]:.1f}, trial {best.number})")
     others = tuple(t.number for t in candidates if t.number != chosen.number)
     if others:
-        reason += f"; tied within measurement noise with trial(s) {', '.join(map(str, others))}, this one has the fewest draft tokens"
+        decided = ", ".join(_decided_by(chosen, t, names) for t in candidates if t.number != chosen.number)
+        reason += f"; tied within measurement noise with trial(s) {decided}"
     return Pick(chosen, how, others, reason)
 
 

@@ -1,8 +1,9 @@
 """Where a study lives: sqlite (one host, resumable) or PostgreSQL (several hosts).
 
 sqlite is opened with a long busy timeout so that optuna-dashboard reading the file during a
-run cannot make a write fail ("database is locked"); the directory of a relative sqlite path
-is created.  PostgreSQL needs the optional `postgres` extra (psycopg2).
+run cannot make a write fail ("database is locked").  Only the default store's folder
+(`studies/`) is created; any other missing folder is an error, and commands that only read a
+study never create a store.  PostgreSQL needs the optional `postgres` extra (psycopg2).
 """
 
 from __future__ import annotations
@@ -10,49 +11,90 @@ from __future__ import annotations
 from pathlib import Path
 
 import optuna
-from sqlalchemy.exc import ArgumentError, OperationalError
+from sqlalchemy.exc import ArgumentError, DatabaseError, OperationalError, SQLAlchemyError
 from sqlalchemy.exc import NoSuchModuleError
 
 from tuner.config import Config
 from tuner.errors import ConfigError
 
-__all__ = ["open_storage", "storage_for_url", "load_existing_study", "SQLITE_TIMEOUT_S"]
+__all__ = ["open_storage", "storage_for_url", "storage_source", "existing_storage", "load_existing_study", "study_summaries", "SQLITE_TIMEOUT_S"]
 
 SQLITE_TIMEOUT_S = 60
 
 
-def storage_for_url(url: str, *, heartbeat_s: int | None = None) -> optuna.storages.BaseStorage:
-    check_no_password(url)
+SCHEMES = ("sqlite", "postgresql", "postgres")
+
+
+def storage_for_url(url: str, *, heartbeat_s: int | None = None, source: str = "[study] storage",
+                    create_dir: bool = False) -> optuna.storages.BaseStorage:
+    """An Optuna RDB storage; `source` names where the URL came from in every error
+    (`--storage`, or the config's `[study] storage`).  A sqlite file's folder must exist unless
+    `create_dir` (the default `studies/` of a config that names no storage)."""
+    check_no_password(url, source)
+    scheme = url.split("://")[0].split("+")[0] if "://" in url else ""
+    if scheme not in SCHEMES:
+        raise ConfigError(f"{source}: {url.split('@')[-1]!r} is not a store the tuner supports; use sqlite:///path.db (one machine) or postgresql://user@host/db (several)")
     kwargs: dict = {}
-    if url.startswith("sqlite:///"):
-        path = url[len("sqlite:///"):]
-        if path and path != ":memory:":
-            Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
-            _use_wal(Path(path).expanduser())
+    if scheme == "sqlite":
+        _prepare_sqlite(url, source, create_dir)
         kwargs["engine_kwargs"] = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}}
-    elif url.startswith(("postgresql", "postgres")):
-        try:
-            if "+psycopg2" in url.split("://")[0]:
-                import psycopg2  # noqa: F401
-            else:
-                import psycopg  # noqa: F401  # SQLAlchemy 2.1's default PostgreSQL driver
-        except ImportError:
-            raise ConfigError(f"{url.split('@')[-1]}: PostgreSQL needs its driver; pip install 'sglang-spec-tuner[postgres]'") from None
+    else:
+        _check_postgres_driver(url, source)
         kwargs["engine_kwargs"] = {"pool_pre_ping": True}
     if heartbeat_s:
-        kwargs["heartbeat_interval"] = heartbeat_s
-        kwargs["grace_period"] = heartbeat_s * 4
-        kwargs["failed_trial_callback"] = optuna.storages.RetryFailedTrialCallback(max_retry=2)
+        kwargs.update(_heartbeat_kwargs(heartbeat_s))
     try:
-        return optuna.storages.RDBStorage(url, **kwargs)
-    except (ArgumentError, NoSuchModuleError, ValueError) as exc:
-        raise ConfigError(f"[study] storage: {url!r} is not a database URL optuna can open ({exc}); use sqlite:///path.db or postgresql://...") from None
+        storage = optuna.storages.RDBStorage(url, **kwargs)
+        storage.get_all_studies()  # a store of another program (or version) fails here, not mid-run
+        return storage
+    except (ArgumentError, NoSuchModuleError, ValueError, ImportError) as exc:
+        raise ConfigError(f"{source}: {url.split('@')[-1]!r} is not a database URL optuna can open ({exc}); use sqlite:///path.db or postgresql://...") from None
     except OperationalError as exc:
         safe = url.split("@")[-1]
-        raise ConfigError(f"[study] storage: cannot open {safe}: {str(exc.orig).strip().splitlines()[0]}; check the URL and that the database is up") from None
+        raise ConfigError(f"{source}: cannot open {safe}: {str(exc.orig).strip().splitlines()[0]}; check the URL and that the database is up") from None
+    except (DatabaseError, RuntimeError, SQLAlchemyError, optuna.exceptions.StorageInternalError) as exc:
+        first = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        raise ConfigError(f"{source}: {url.split('@')[-1]} is not a usable Optuna store ({first}); point it at another file or database") from None
 
 
-def _use_wal(path: Path) -> None:
+def _heartbeat_kwargs(heartbeat_s: int) -> dict:
+    """Optuna's heartbeat with a retry of the stale trial, through the API of the installed
+    Optuna (4.9 renamed the callback and its argument; the old names warn)."""
+    kwargs: dict = {"heartbeat_interval": heartbeat_s, "grace_period": heartbeat_s * 4}
+    if hasattr(optuna.storages, "RetryHeartbeatStaleTrialCallback"):
+        kwargs["heartbeat_stale_trial_callback"] = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=2)
+    else:  # optuna < 4.9
+        kwargs["failed_trial_callback"] = optuna.storages.RetryFailedTrialCallback(max_retry=2)
+    return kwargs
+
+
+def _sqlite_path(url: str) -> Path | None:
+    path = url[len("sqlite:///"):] if url.startswith("sqlite:///") else ""
+    return Path(path).expanduser() if path and path != ":memory:" else None
+
+
+def _prepare_sqlite(url: str, source: str, create_dir: bool) -> None:
+    path = _sqlite_path(url)
+    if path is None:
+        return
+    if not path.parent.exists():
+        if not create_dir:
+            raise ConfigError(f"{source}: folder {path.parent} does not exist; create it, or fix the path in the sqlite URL")
+        path.parent.mkdir(parents=True, exist_ok=True)
+    _use_wal(path, source)
+
+
+def _check_postgres_driver(url: str, source: str) -> None:
+    try:
+        if "+psycopg2" in url.split("://")[0]:
+            import psycopg2  # noqa: F401
+        else:
+            import psycopg  # noqa: F401  # SQLAlchemy 2.1's default PostgreSQL driver
+    except ImportError:
+        raise ConfigError(f"{source}: {url.split('@')[-1]}: PostgreSQL needs its driver; pip install 'sglang-spec-tuner[postgres]'") from None
+
+
+def _use_wal(path: Path, source: str) -> None:
     """Write-ahead logging: readers (optuna-dashboard) never block the tuner's writes.
 
     The mode is stored in the database file, so it is set once, on a new or old file.
@@ -63,15 +105,15 @@ def _use_wal(path: Path) -> None:
         with sqlite3.connect(str(path), timeout=SQLITE_TIMEOUT_S) as db:
             db.execute("PRAGMA journal_mode=WAL")
     except sqlite3.Error as exc:
-        raise ConfigError(f"[study] storage: cannot open {path}: {exc}; check the path and its permissions") from None
+        raise ConfigError(f"{source}: cannot open {path}: {exc}; check the path and its permissions") from None
 
 
-def check_no_password(url: str) -> None:
+def check_no_password(url: str, source: str = "[study] storage") -> None:
     from urllib.parse import urlsplit
 
     if "://" in url and urlsplit(url).password:
         raise ConfigError(
-            "[study] storage: the URL holds a password; keep it out of configs and command lines: "
+            f"{source}: the URL holds a password; keep it out of configs and command lines: "
             "use ~/.pgpass or the PGPASSWORD environment variable"
         )
 
@@ -86,7 +128,25 @@ def open_storage(config: Config) -> optuna.storages.BaseStorage:
     heartbeat = config.study.heartbeat_s
     if heartbeat is None and not config.storage_url.startswith("sqlite"):
         heartbeat = DEFAULT_HEARTBEAT_S
-    return storage_for_url(config.storage_url, heartbeat_s=heartbeat or None)
+    return storage_for_url(config.storage_url, heartbeat_s=heartbeat or None, source=storage_source(config),
+                           create_dir=config.study.storage is None)
+
+
+def storage_source(config: Config) -> str:
+    """Where the study's storage URL comes from, as an error names it."""
+    return "--storage" if config.storage_flag else f"{config.path} [study] storage"
+
+
+def existing_storage(config: Config, url: str | None = None, source: str | None = None) -> optuna.storages.BaseStorage:
+    """The store of a command that only reads (report, best, dashboard): never created."""
+    from tuner.errors import TunerError
+
+    url = url or config.storage_url
+    source = source or storage_source(config)
+    path = _sqlite_path(url)
+    if url.startswith("sqlite") and path is not None and not path.exists():
+        raise TunerError(f"{source}: {path}: no such study database; run python -m tuner.optimize first, or pass --storage")
+    return storage_for_url(url, source=source)
 
 
 def load_existing_study(config: Config) -> optuna.Study:
@@ -94,9 +154,24 @@ def load_existing_study(config: Config) -> optuna.Study:
     from tuner.errors import TunerError
 
     url = config.storage_url
-    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).expanduser().exists():
-        raise TunerError(f"{url[len('sqlite:///'):]}: no such study database; run python -m tuner.optimize first, or pass --storage")
+    storage = existing_storage(config)
     try:
-        return optuna.load_study(study_name=config.study.name, storage=storage_for_url(url))
+        return optuna.load_study(study_name=config.study.name, storage=storage)
     except KeyError:
         raise TunerError(f"no study {config.study.name!r} in {url.split('@')[-1]}; pass --study-name, or run python -m tuner.optimize first") from None
+
+
+def study_summaries(storage: optuna.storages.BaseStorage) -> list[dict]:
+    """Every study of a store (baseline siblings beside their study): its trial counts by state
+    and the best value of each objective over its complete trials."""
+    rows = []
+    for name in sorted(optuna.get_all_study_names(storage)):
+        study = optuna.load_study(study_name=name, storage=storage)
+        counts: dict[str, int] = {}
+        for t in study.get_trials(deepcopy=False):
+            counts[t.state.name.lower()] = counts.get(t.state.name.lower(), 0) + 1
+        done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        names = list(study.metric_names or [f"objective_{i}" for i in range(len(study.directions))])
+        best = {n: max(t.values[i] for t in done) for i, n in enumerate(names)} if done else {}
+        rows.append({"study": name, "trials": counts, "best": best})
+    return rows

@@ -11,7 +11,7 @@ from optuna.trial import TrialState
 
 from tuner.results.picks import measured_front
 from tuner.results.report.render import write_html, write_markdown
-from tuner.results.report.contents import Report, Table, choices_for, failures_table, metric_names_of, notes_for, pareto_for, summary_rows
+from tuner.results.report.contents import Report, Table, baselines_for, choices_for, failures_table, metric_names_of, notes_for, pareto_for, summary_rows
 from tuner.results.report.plots import acceptance_plot, capacity_plot, failure_plot, front_plot, hypervolume_plot
 
 __all__ = ["Report", "Table", "Choice", "Plot", "build", "write_html", "write_markdown"]
@@ -28,8 +28,11 @@ def build(study: optuna.Study, *, sampler: str | None = None, target: str | None
     choices = choices_for(study, names) if front else []
     plots = [front_plot(complete, front, names), acceptance_plot(complete), capacity_plot(complete, names),
              hypervolume_plot(finished), failure_plot(finished)]
+    arms, over = baselines_for(study, names)
     return Report(
         study_name=study.study_name,
+        baselines=arms,
+        over_baselines=over,
         summary=summary_rows(study, trials, names, sampler, target),
         notes=notes_for(trials, complete),
         pareto=pareto_for(study, names, choices) if front else Table([], []),

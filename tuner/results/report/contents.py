@@ -9,6 +9,8 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.results import baselines
+from tuner.results.optuna_private import storage_of
 from tuner.results.record import params_of
 from tuner.results.hypervolume import study_history
 from tuner.results.picks import measured_front, pick
@@ -67,6 +69,8 @@ class Report:
     failures: Table
     plots: list[Plot] = field(default_factory=list)
     generated: str = ""
+    baselines: Table = field(default_factory=lambda: Table([], []))  # the no-speculation / adaptive arms
+    over_baselines: list[str] = field(default_factory=list)  # what tuning adds over each
 
 
 # --- reading trials -------------------------------------------------------------------------
@@ -213,3 +217,18 @@ def failures_table(trials: list[FrozenTrial]) -> Table:
     return Table(header, rows)
 
 
+
+
+def baselines_for(study: optuna.Study, names: list[str]) -> tuple[Table, list[str]]:
+    """The baseline arms (sibling study `<name>@baselines`) beside the front, and what tuning adds."""
+    arms = baselines.load(storage_of(study), study.study_name)
+    header = ["baseline", "state", *names, "accept", "max_running", "kv_tokens"]
+    rows = []
+    for kind, t in arms.items():
+        if t.state == TrialState.COMPLETE:
+            figures = [fmt(v) for v in t.values]
+        else:
+            figures = [str(t.user_attrs.get("fail_reason") or "-").splitlines()[0][:80]] + [""] * (len(names) - 1)
+        rows.append([kind.replace("_", " "), t.state.name.lower(), *figures, fmt(t.user_attrs.get("accept_length"), 2),
+                     fmt(t.user_attrs.get("max_running_requests")), fmt(t.user_attrs.get("max_total_num_tokens"))])
+    return Table(header, rows), [line for c in baselines.compare(study, arms) for line in c.lines]

@@ -54,12 +54,15 @@ def write_html(report: Report, path: Path) -> Path:
              *(f'<p class="note">{e(n)}</p>' for n in report.notes)]
     if report.choices:
         parts.append("<h2>Best configuration per objective</h2><p>From <code>tuner.results.picks</code>: ties within measurement noise "
-                     "go to fewer draft tokens (more KV headroom). Append the flags to the launch command, or run "
+                     "go to fewer draft tokens (more KV headroom), then the smaller topk, then fewer steps. Append the flags to the launch command, or run "
                      "<code>python -m tuner.best --pick NAME</code>.</p>")
         parts.append('<div class="choices">' + "".join(_choice_html(c) for c in report.choices) + "</div>")
     if report.pareto.rows:
         parts.append("<h2>Pareto front</h2>" + _html_table(report.pareto, ("picked for",)))
         parts.append(f'<p class="legend">{e(_LEGEND)}</p>')
+    if report.baselines.rows:
+        parts.append("<h2>Baselines: what tuning adds</h2>" + _html_table(report.baselines, ("baseline", "state")))
+        parts += [f"<p>{e(line)}</p>" for line in report.over_baselines]
     if report.plots:
         parts.append("<h2>Figures</h2>")
         for p in report.plots:
@@ -84,7 +87,7 @@ def _md_cell(value: str) -> str:
 
 
 def _md_table(table: Table) -> str:
-    lines = ["| " + " | ".join(table.header) + " |", "|" + "|".join("---:" if h not in ("kind", "reason", "state", "picked for") else "---" for h in table.header) + "|"]
+    lines = ["| " + " | ".join(table.header) + " |", "|" + "|".join("---:" if h not in ("kind", "reason", "state", "picked for", "baseline") else "---" for h in table.header) + "|"]
     lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in table.rows]
     return "\n".join(lines)
 
@@ -97,12 +100,15 @@ def write_markdown(report: Report, path: Path) -> list[Path]:
     lines += [f"> {n}\n" for n in report.notes]
     if report.choices:
         lines += ["## Best configuration per objective", "",
-                  "From `tuner.results.picks`: ties within measurement noise go to fewer draft tokens (more KV headroom).", ""]
+                  "From `tuner.results.picks`: ties within measurement noise go to fewer draft tokens (more KV headroom), "
+                  "then the smaller topk, then fewer steps.", ""]
         for c in report.choices:
             lines += [f"### {c.label}: trial {c.trial}", "", c.values, "", f"Why: {c.reason}.", ""]
             lines += ["```", c.flags, "```", ""]
     if report.pareto.rows:
         lines += ["## Pareto front", "", _md_table(report.pareto), "", _LEGEND, ""]
+    if report.baselines.rows:
+        lines += ["## Baselines: what tuning adds", "", _md_table(report.baselines), "", *(f"- {line}" for line in report.over_baselines), ""]
     written = []
     if report.plots:
         lines += ["## Figures", ""]

@@ -1,0 +1,92 @@
+"""How long a run will take and how much GPU time it holds, from the study's own history.
+
+Per launch that completes: start-up + measurement (the `startup_s` and `measure_s` of earlier
+complete trials and baselines, medians); per launch that fails to start: the wall time of earlier
+pruned launches.  The baselines' start-ups count: they are the server's load time without the
+speculative flags.  Before any history: `DEFAULT_STARTUP_S` and `DEFAULT_MEASURE_S`.  While the memory edge is unknown (no trial has completed yet) the first
+`EDGE_LAUNCHES` trials are counted as failed launches, as the memory-edge sampler spends them.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.results import record
+
+__all__ = ["Estimate", "estimate", "DEFAULT_STARTUP_S", "DEFAULT_MEASURE_S", "EDGE_LAUNCHES", "duration"]
+
+DEFAULT_STARTUP_S = 120.0  # a large model's load + CUDA graph capture on SGLang
+DEFAULT_MEASURE_S = 60.0
+EDGE_LAUNCHES = 2  # failed launches the memory-edge search costs before the first measurement (1-3 measured)
+
+
+@dataclass
+class Estimate:
+    trials: int
+    baselines: int
+    startup_s: float
+    measure_s: float
+    pruned_s: float
+    expected_pruned: int
+    gpus: int
+    sources: list[str] = field(default_factory=list)  # where each figure comes from
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def complete_s(self) -> float:
+        return self.startup_s + self.measure_s
+
+    @property
+    def total_s(self) -> float:
+        measured = max(self.trials - self.expected_pruned, 0) + self.baselines
+        return measured * self.complete_s + min(self.expected_pruned, self.trials) * self.pruned_s
+
+    @property
+    def per_trial_s(self) -> float:
+        return self.total_s / max(self.trials + self.baselines, 1)
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.total_s * self.gpus / 3600
+
+
+def duration(t: FrozenTrial) -> float | None:
+    if t.datetime_start and t.datetime_complete:
+        return (t.datetime_complete - t.datetime_start).total_seconds()
+    return None
+
+
+def _median(values: list[float]) -> float | None:
+    values = [v for v in values if isinstance(v, (int, float)) and v > 0]
+    return statistics.median(values) if values else None
+
+
+def estimate(trials: list[FrozenTrial], *, n_trials: int, n_baselines: int, gpus: int | None,
+             memory_edge_searched: bool = True) -> Estimate:
+    """The run's duration from `trials` (the study's and its baselines', finished)."""
+    complete = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get(record.DUPLICATE_OF) is None]
+    launched_pruned = [t for t in trials if t.state == TrialState.PRUNED and t.user_attrs.get(record.RULED_OUT_BY) is None]
+    sources = []
+    startup = _median([t.user_attrs.get(record.STARTUP_S) for t in complete])
+    sources.append(f"start-up {startup:.0f} s (median of {len(complete)} earlier launch(es))" if startup
+                   else f"start-up {DEFAULT_STARTUP_S:.0f} s (default: no launch measured yet)")
+    startup = startup or DEFAULT_STARTUP_S
+    measure = _median([t.user_attrs.get("measure_s") for t in complete])
+    sources.append(f"measurement {measure:.0f} s (median)" if measure else f"measurement {DEFAULT_MEASURE_S:.0f} s (default)")
+    measure = measure or DEFAULT_MEASURE_S
+    pruned = _median([duration(t) for t in launched_pruned])
+    sources.append(f"failed launch {pruned:.0f} s (median of {len(launched_pruned)})" if pruned else f"failed launch ~ start-up ({startup:.0f} s)")
+    pruned = pruned or startup
+    study_trials = [t for t in trials if t.user_attrs.get(record.BASELINE) is None]
+    edge_unknown = memory_edge_searched and not any(t.state == TrialState.COMPLETE for t in study_trials)
+    expected_pruned = EDGE_LAUNCHES if edge_unknown else 0
+    est = Estimate(n_trials, n_baselines, startup, measure, pruned, expected_pruned, gpus or 1, sources)
+    if edge_unknown and n_trials <= EDGE_LAUNCHES:
+        est.warnings.append(
+            f"--trials {n_trials}: the first trials find the memory edge (the top of mem_fraction_static usually fails "
+            f"to start; 1-3 launches), so this run may measure nothing; use --trials {EDGE_LAUNCHES + 3} or more")
+    return est
+
