@@ -40,20 +40,32 @@ def test_dry_run_writes_nothing_and_warns_that_two_trials_measure_nothing(tmp_pa
     assert not (tmp_path / "t.db").exists()
 
 
-def test_baselines_stop_the_run_on_a_taken_port_and_are_measured_again_next_run(tmp_path):
+def test_a_silent_port_holder_is_refused_before_anything_is_launched(tmp_path):
     port = free_port()
     config = write_config(tmp_path, port=port, study="baselines = true")
     with socket.socket() as silent:  # holds the port and never answers HTTP
         silent.bind(("127.0.0.1", port))
         silent.listen()
-        first = run_cli("--trials", "2", "--config", str(config))
+        result = run_cli("--trials", "2", "--config", str(config))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: something already answers at http://127.0.0.1:{port}")
+    assert "Traceback" not in result.stderr
+
+
+def test_a_fatal_baseline_stops_the_run_and_baselines_are_measured_again_next_run(tmp_path):
+    port = free_port()
+    good = write_config(tmp_path, port=port, study="baselines = true")
+    bad = tmp_path / "bad.toml"
+    bad.write_text(good.read_text().replace("--model-path Qwen/Qwen3.5-122B-A10B", "--model-path no/such-model"))
+    first = run_cli("--trials", "2", "--config", str(bad))
     assert first.returncode == 2, first.stderr
-    assert first.stderr.strip().splitlines()[-1].startswith("error: the server's port is already in use")
+    assert first.stderr.strip().splitlines()[-1].startswith("error: model no/such-model does not exist")
     assert "Traceback" not in first.stderr
     sibling = optuna.load_study(study_name="t@baselines", storage=f"sqlite:///{tmp_path / 't.db'}")
     (failed,) = sibling.trials  # the run stopped at the first baseline
-    assert failed.state == TrialState.FAIL and "port is already in use" in failed.user_attrs["fail_reason"]
+    assert failed.state == TrialState.FAIL and "does not exist" in failed.user_attrs["fail_reason"]
     assert not optuna.load_study(study_name="t", storage=f"sqlite:///{tmp_path / 't.db'}").trials
+    config = good
 
     log = tmp_path / "run.log"
     second = run_cli("--trials", "1", "--config", str(config), "--json", "--log-file", str(log))
