@@ -15,7 +15,8 @@ is started:
    at steps 1 to 10 at steps 7); its figure is `static_level(...)` times the emulator's
    launch-to-launch factor exp(N(0, 1%)) (engine.py · launch_factor: step_noise / 2) and a 0.5%
    per-level jitter (the measured CV of one configuration is 0.7-0.9%,
-   benchmarks/results/measurement_noise.txt), drawn from the seed.
+   benchmarks/results/measurement_noise.txt), drawn from the seed.  The launch's running-request
+   cap is recorded with it, as the tuner records `max_running_requests` from /server_info.
 2. **The table.** Those figures go through the tuner's own code (`tuner/results/schedule.py`:
    `figures`, `choose`, `table_for`, `dumps`): the JSON `tuner.schedule` would write.
 3. **Evaluation**, noise-free: the best static configuration at each level (each level's own
@@ -104,18 +105,20 @@ def adaptive_tps(case: Case, table: AdaptiveTable, level: int, w: L.Workload) ->
 
 
 # -- what tuner.schedule would measure, and its table ---------------------------------------------
-def measured_samples(case: Case, steps: list[int], levels: list[int], w: L.Workload, seed: int) -> list[sch.Sample]:
-    """One launch per steps value, every level measured, with the emulator's noise (seeded)."""
+def measured_samples(case: Case, steps: list[int], levels: list[int], w: L.Workload, seed: int | None) -> list[sch.Sample]:
+    """One launch per steps value, every level measured, with the emulator's noise (seeded;
+    seed None: the exact model figures)."""
     rng = random.Random(f"{case.key}/{w.temperature}/{seed}")
+    sigma = 0.0 if seed is None else 1.0
     out = []
     for s in steps:
-        launch = math.exp(rng.gauss(0.0, LAUNCH_NOISE))
-        tps = {lvl: static_tps(case, s, lvl, w) * launch * math.exp(rng.gauss(0.0, LEVEL_NOISE)) for lvl in levels}
-        out.append(sch.Sample(s, None if s == 0 else mem_fraction(case), tps, f"model#{s}"))
+        launch = math.exp(rng.gauss(0.0, LAUNCH_NOISE * sigma))
+        tps = {lvl: static_tps(case, s, lvl, w) * launch * math.exp(rng.gauss(0.0, LEVEL_NOISE * sigma)) for lvl in levels}
+        out.append(sch.Sample(s, None if s == 0 else mem_fraction(case), tps, f"model#{s}", static_cap(case, s)))
     return out
 
 
-def tuned_config(case: Case, steps: list[int], levels: list[int], w: L.Workload, seed: int) -> dict:
+def tuned_config(case: Case, steps: list[int], levels: list[int], w: L.Workload, seed: int | None) -> dict:
     """The JSON tuner.schedule would write from those measurements (its own code)."""
     figs = sch.figures(measured_samples(case, steps, levels, w, seed), levels)
     return sch.table_for(sch.choose(figs))
@@ -134,6 +137,7 @@ class LevelResult:
     tuned: list[float]  # per seed
     tuned_visits: tuple  # seed 0's
     tuned_batch: int  # requests running with the tuned table (seed 0)
+    exact: float  # the table the rule chooses from noise-free figures
 
 
 def _visits(shares: tuple) -> str:
@@ -156,13 +160,14 @@ def run_case(case: Case, temperature: float, levels: list[int], steps: list[int]
     default = load_adaptive_config(None)
     configs = [tuned_config(case, steps, levels, w, seed) for seed in range(seeds)]
     tables = [load_adaptive_config(cfg) for cfg in configs]
+    exact = load_adaptive_config(tuned_config(case, steps, levels, w, None))
     out = []
     for lvl in levels:
         best_steps = max(statics[lvl], key=statics[lvl].get)
         d_tps, d_visits, _ = adaptive_tps(case, default, lvl, w)
         tuned = [adaptive_tps(case, t, lvl, w) for t in tables]
         out.append(LevelResult(lvl, best_steps, statics[lvl][best_steps], single, statics[lvl][single], d_tps, d_visits,
-                               [t[0] for t in tuned], tuned[0][1], tuned[0][2]))
+                               [t[0] for t in tuned], tuned[0][1], tuned[0][2], adaptive_tps(case, exact, lvl, w)[0]))
     return out, configs
 
 
@@ -177,15 +182,16 @@ def case_markdown(case: Case, temperature: float, results: list[LevelResult], co
              f"Tuned table (seed 0; {len(distinct)} distinct table(s) over {len(configs)} seeds): "
              f"`{sch.dumps(configs[0]).replace(chr(10), ' ').replace('  ', ' ').strip()}`", "",
              "| in flight | best static (steps) | one static for all (steps) | SGLang default (steps run) "
-             "| tuned, mean over seeds (steps run, seed 0) | tuned vs best: mean / worst seed | tuned vs default |",
-             "|---:|---:|---:|---:|---:|---:|---:|"]
+             "| tuned, mean over seeds (steps run, seed 0) | tuned vs best: mean / worst seed "
+             "| table from exact figures vs best | tuned vs default |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         mean = sum(r.tuned) / len(r.tuned)
         worst = min(r.tuned)
         running = "" if r.tuned_batch == r.level else f", {r.tuned_batch} running"
         lines.append(f"| {r.level} | {r.best:,.0f} ({r.best_steps}) | {r.single:,.0f} ({r.single_steps}) "
                      f"| {r.default:,.0f} ({_visits(r.default_visits)}) | {mean:,.0f} ({_visits(r.tuned_visits)}{running}) "
-                     f"| {_pct(mean / r.best - 1)} / {_pct(worst / r.best - 1)} | {_pct(mean / r.default - 1)} |")
+                     f"| {_pct(mean / r.best - 1)} / {_pct(worst / r.best - 1)} | {_pct(r.exact / r.best - 1)} | {_pct(mean / r.default - 1)} |")
     rows = [sch.Row(r.level, _figure(r), r.default, min(r.tuned)) for r in results]
     lines += ["", f"Verdict (tuner.results.schedule.verdict, worst seed): {sch.verdict(rows)}.", ""]
     return "\n".join(lines)
@@ -196,14 +202,16 @@ def _figure(r: LevelResult) -> sch.Figure:
 
 
 def summary_markdown(summary: list[tuple[Case, float, list[LevelResult]]]) -> str:
-    lines = ["| profile | T | levels within 2% of each level's best (worst seed) | worst shortfall vs best "
-             "| tuned vs SGLang default, per level |", "|---|---:|---|---:|---|"]
+    lines = ["| profile | T | levels within 2% of their best (worst seed) | tuned vs best, worst level: mean / worst seed "
+             "| from exact figures, worst level | tuned vs SGLang default (mean), per level |", "|---|---:|---|---:|---:|---|"]
     for case, temperature, results in summary:
         held = [r.level for r in results if min(r.tuned) >= (1 - sch.DEFAULT_NOISE) * r.best]
+        mean = min(sum(r.tuned) / len(r.tuned) / r.best - 1 for r in results)
         worst = min(min(r.tuned) / r.best - 1 for r in results)
+        exact = min(r.exact / r.best - 1 for r in results)
         gains = ", ".join(f"{r.level}: {_pct(sum(r.tuned) / len(r.tuned) / r.default - 1)}" for r in results)
         lines.append(f"| {case.label} | {temperature:g} | {len(held)}/{len(results)} ({', '.join(map(str, held)) or '-'}) "
-                     f"| {_pct(worst)} | {gains} |")
+                     f"| {_pct(mean)} / {_pct(worst)} | {_pct(exact)} | {gains} |")
     return "\n".join(lines) + "\n"
 
 
