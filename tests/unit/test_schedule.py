@@ -202,3 +202,32 @@ def test_expected_throughput_of_a_table_routes_a_level_to_the_nearest_lower_key(
     assert sch.expected_tps(figs, cfg, 1) == 320  # key 1: [1,3,5,7]
     assert sch.expected_tps(figs, cfg, 4) == 150  # key 1 still: 4 < 8
     assert sch.expected_tps(figs, cfg, 16) == 1000  # key 8: [0,1,3]
+
+
+def test_the_report_shows_the_latest_tuned_table_and_its_per_level_comparison(tmp_path):
+    from tuner.results.report import build, write_markdown
+
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    study = optuna.create_study(study_name="s", storage=storage)
+    assert build(study).schedule is None  # no schedule launches: no section
+    sibling = optuna.create_study(study_name="s@baselines", storage=storage)
+    wl = {"temperature": 0.0}
+    static = lambda steps, tps: _trial(0, attrs={"schedule": {"role": "static", "steps": steps, "levels": [1, 8], "workload": wl},
+                                                 "concurrent_tps_by_level": tps})
+    old = {"1": {"candidate_steps": [1]}}
+    table = {"1": {"candidate_steps": [3]}, "8": {"candidate_steps": [1]}}
+    for t in [static(0, {"1": 60.0, "8": 400.0}), static(1, {"1": 120.0, "8": 700.0}), static(3, {"1": 180.0, "8": 650.0}),
+              _trial(0, attrs={"schedule": {"role": "tuned", "table": old, "levels": [1], "workload": wl}, "concurrent_tps_by_level": {"1": 1.0}}),
+              _trial(0, attrs={"schedule": {"role": "tuned", "table": table, "levels": [1, 8], "workload": wl},
+                               "concurrent_tps_by_level": {"1": 178.0, "8": 690.0}, "speculative_adaptive": True}),
+              _trial(0, attrs={"schedule": {"role": "sglang_default", "table": sch.DEFAULT_ADAPTIVE_CONFIG, "levels": [1, 8], "workload": wl},
+                               "concurrent_tps_by_level": {"1": 170.0, "8": 640.0}, "speculative_adaptive": True})]:
+        sibling.add_trial(t)
+    section = build(study).schedule
+    assert section.trial == 4 and json.loads(section.table_json) == table
+    assert section.comparison.rows == [["1", "180 ±4 (3)", "170", "178", "[3]", "+4.7%"], ["8", "700 ±14 (1)", "640", "690", "[1]", "+7.8%"]]
+    assert section.verdict.startswith("the tuned table is within measurement noise of the best static configuration at every level")
+    md = (write_markdown(build(study), tmp_path / "r" / "report.md")[0]).read_text()
+    from tuner.results.report import write_html
+    assert "<h2>Adaptive schedule</h2>" in write_html(build(study), tmp_path / "r" / "report.html").read_text()
+    assert "## Adaptive schedule" in md and '"8": {"candidate_steps": [1]}' in md and "| 8 | 700 ±14 (1) | 640 | 690 | [1] | +7.8% |" in md

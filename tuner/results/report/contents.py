@@ -67,6 +67,7 @@ class Report:
     failures: Table
     plots: list[Plot] = field(default_factory=list)
     generated: str = ""
+    schedule: Any = None  # report.schedule.ScheduleSection: the latest tuned adaptive table, if any
 
 
 # --- reading trials -------------------------------------------------------------------------

@@ -60,6 +60,7 @@ def write_html(report: Report, path: Path) -> Path:
     if report.pareto.rows:
         parts.append("<h2>Pareto front</h2>" + _html_table(report.pareto, ("picked for",)))
         parts.append(f'<p class="legend">{e(_LEGEND)}</p>')
+    parts += _schedule_html(report)
     if report.plots:
         parts.append("<h2>Figures</h2>")
         for p in report.plots:
@@ -103,6 +104,7 @@ def write_markdown(report: Report, path: Path) -> list[Path]:
             lines += ["```", c.flags, "```", ""]
     if report.pareto.rows:
         lines += ["## Pareto front", "", _md_table(report.pareto), "", _LEGEND, ""]
+    lines += _schedule_md(report)
     written = []
     if report.plots:
         lines += ["## Figures", ""]
@@ -116,3 +118,29 @@ def write_markdown(report: Report, path: Path) -> list[Path]:
     return [path, *written]
 
 
+
+
+_SCHEDULE_INTRO = ("The latest table written and verified by python -m tuner.schedule (launch {n} of {name}@baselines), "
+                   "for --speculative-adaptive --speculative-adaptive-config FILE on SGLang 0.5.23; tok/s per level of "
+                   "requests in flight.")
+
+
+def _schedule_html(report: Report) -> list[str]:
+    s = report.schedule
+    if s is None:
+        return []
+    e = html.escape
+    parts = ["<h2>Adaptive schedule</h2>", f"<p>{e(_SCHEDULE_INTRO.format(n=s.trial, name=report.study_name))}</p>",
+             f"<pre><code>{e(s.table_json)}</code></pre>", _html_table(s.comparison), f"<p>Verdict: {e(s.verdict)}.</p>"]
+    if s.note:
+        parts.append(f'<p class="note">{e(s.note)}</p>')
+    return parts
+
+
+def _schedule_md(report: Report) -> list[str]:
+    s = report.schedule
+    if s is None:
+        return []
+    lines = ["## Adaptive schedule", "", _SCHEDULE_INTRO.format(n=s.trial, name=report.study_name), "",
+             "```json", s.table_json.rstrip("\n"), "```", "", _md_table(s.comparison), "", f"Verdict: {s.verdict}.", ""]
+    return lines + ([f"> {s.note}", ""] if s.note else [])
