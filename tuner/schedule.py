@@ -8,8 +8,9 @@
    measured at those levels is reused; each steps value still missing is launched once and
    measured at every level, recorded as a trial of `<name>@baselines` with `schedule` in its
    user attrs.
-2. The table (`tuner/results/schedule.py`): per level, the steps at or within noise of the
-   best; written to `--out` (default `studies/<name>.adaptive.json`) and printed.
+2. The table (`tuner/results/schedule.py`): per level, one candidate, the measured best within
+   the running-request cap the largest candidate leaves every level; written to `--out`
+   (default `studies/<name>.adaptive.json`) and printed.
 3. Unless `--no-verify`: the adaptive server launched with it and with SGLang's default table,
    every level measured, then a changing-load run (`tuner/schedule_verify.py`).
 4. `--apply`: installed as `tuner.best --apply` installs a configuration, the JSON beside the

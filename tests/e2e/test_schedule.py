@@ -111,3 +111,20 @@ def test_verification_compares_the_tuned_table_with_sglangs_default_and_the_best
                  if t.user_attrs["schedule"]["role"] == "tuned")
     assert tuned.user_attrs["speculative_adaptive"] is True and "--speculative-adaptive-config" in tuned.user_attrs["launch_command"]
     assert json.loads(out.read_text()) == tuned.user_attrs["schedule"]["table"]
+
+
+def test_verification_shows_the_tuned_table_ahead_of_sglangs_default_where_the_model_says_so(tmp_path):
+    # Qwen3.5 MTP at temperature 0, one stream: the emulator's model gives steps 5 ~12% over the
+    # steps 3 SGLang's default "1": [1,3,5,7] slot settles on (landscape.adaptive_level), so the
+    # tuned table ([5]) must show ahead of the default at level 1.
+    config = write_config(tmp_path, space="speculative_num_steps = { choices = [5] }\nspeculative_eagle_topk = { choices = [1] }",
+                          bench=BENCH_ONE_LEVEL.replace("concurrency = 2", "concurrency = 1"))
+    assert run_cli("--trials", "1", "--config", str(config)).returncode == 0
+    out = tmp_path / "t.json"
+    result = schedule("--config", str(config), "--levels", "1", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(out.read_text()) == {"1": {"candidate_steps": [5]}}
+    row = next(line for line in result.stderr.splitlines() if line.startswith("| 1 |"))
+    gain = float(row.rstrip(" |").rsplit("|", 1)[1].strip().rstrip("%"))
+    assert gain > 5, row
+    assert "ahead of SGLang's default table at 1" in result.stderr

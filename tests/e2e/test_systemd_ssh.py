@@ -313,3 +313,41 @@ def test_leave_best_keeps_the_studys_best_applied_as_best_apply_would(tmp_path, 
     assert wait_http(f"http://127.0.0.1:{port}")["speculative_num_steps"] == 4
     assert unit_hash(host, path) == before
     ssh(host, f"systemctl stop {name}; rm -rf {path} /etc/systemd/system/{name}.service.d; systemctl daemon-reload")
+
+
+def test_schedule_apply_installs_the_table_beside_a_drop_in_and_restore_removes_both(tmp_path, host):
+    import json
+
+    port = free_port()
+    name = f"sglang-s{port}"
+    path = make_unit(host, name, port)
+    before = unit_hash(host, path)
+    cfg = config(tmp_path, host, unit=name, port=port, space="speculative_num_steps = { choices = [2] }\nspeculative_eagle_topk = { choices = [1] }")
+    assert run_cli("--trials", "1", "--config", str(cfg)).returncode == 0
+    out = tmp_path / "table.json"
+    table = f"/etc/sglang-tuner/{name}.adaptive.json"
+    dropin_path = f"/etc/systemd/system/{name}.service.d/50-sglang-tuner-best.conf"
+    try:
+        applied = subprocess.run([os.sys.executable, "-m", "tuner.schedule", "--config", str(cfg), "--levels", "2", "--out", str(out),
+                                  "--no-verify", "--apply"], capture_output=True, text=True, cwd=REPO, timeout=600)
+        assert applied.returncode == 0, applied.stderr
+        assert f"table {table}" in applied.stderr
+        assert json.loads(ssh(host, f"cat {table}").stdout) == json.loads(out.read_text())
+        dropin = ssh(host, f"cat {dropin_path}").stdout
+        assert f"--speculative-adaptive-config {table}" in dropin and "--speculative-adaptive " in dropin and "ExecStart=\n" in dropin
+        info = wait_http(f"http://127.0.0.1:{port}")
+        assert info["speculative_adaptive"] is True and f"--speculative-adaptive-config {table}" in info["launch_command"]
+        assert unit_hash(host, path) == before
+        restored = subprocess.run([os.sys.executable, "-m", "tuner.schedule", "--config", str(cfg), "--restore"],
+                                  capture_output=True, text=True, cwd=REPO, timeout=300)
+        assert restored.returncode == 0, restored.stderr
+        assert "restored:" in restored.stderr
+        for gone in (table, dropin_path):
+            assert ssh(host, f"test -e {gone}", check=False).returncode != 0, f"{gone} is still there"
+        # The unit runs its own command again: steps 1 as its ExecStart says, no adaptive mode.
+        info = wait_http(f"http://127.0.0.1:{port}", timeout=60)
+        assert info["speculative_num_steps"] == 1 and "--speculative-adaptive" not in info["launch_command"]
+        assert info.get("speculative_adaptive") in (False, None)
+        assert unit_hash(host, path) == before
+    finally:
+        ssh(host, f"systemctl stop {name}; rm -rf {path} /etc/systemd/system/{name}.service.d {table}; systemctl daemon-reload", check=False)

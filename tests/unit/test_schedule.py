@@ -85,23 +85,49 @@ def test_non_digit_keys_are_globals_not_slots():
     assert sch.candidates_of({"ema_alpha": 0.3, "4": {"candidate_steps": [2, 1]}}) == {4: [1, 2]}
 
 
-def test_choice_per_level_keeps_the_best_and_whatever_ties_with_it():
+def test_choice_per_level_is_the_single_measured_best():
     figs = figs_from({
-        1: {0: 100, 1: 160, 2: 200, 3: 203, 4: 190},  # 2 and 3 within 2% of each other; 4 is 6% behind
+        1: {0: 100, 1: 160, 2: 200, 3: 203, 4: 190},  # 2 and 3 within noise: only the measured best is kept
         16: {0: 900, 1: 1000, 2: 960, 3: 850},
         64: {0: 2000, 1: 1700, 2: 1500, 3: 1300},  # speculation off wins at load
     })
-    assert sch.choose(figs) == {1: [2, 3], 16: [1], 64: [0]}
+    # One candidate per slot: SGLang moves within a slot by acceptance (about round(ema) + 1),
+    # not by throughput, so a tied candidate would let it settle below the measured best.
+    assert sch.choose(figs) == {1: [3], 16: [1], 64: [0]}
 
 
-def test_an_exact_tie_keeps_both_and_zero_competes():
+def test_an_exact_tie_takes_the_smaller_steps_and_zero_competes():
     figs = figs_from({8: {0: 500, 1: 500, 2: 400}})
-    assert sch.choose(figs) == {8: [0, 1]}
+    assert sch.choose(figs) == {8: [0]}
 
 
-def test_a_wide_spread_widens_the_tie():
-    figs = {4: {2: sch.Figure(2, 4, 1000, 100, 3, None, ()), 3: sch.Figure(3, 4, 1080, 20, 1, None, ())}}
-    assert sch.choose(figs) == {4: [2, 3]}  # 80 apart, within the 100 of steps 2's repeated launches
+def _capped(table: dict[int, dict[int, float]], caps: dict[int, int]) -> dict:
+    return {lvl: {s: sch.Figure(s, lvl, tps, 0.02 * tps, 1, None, (), caps[s]) for s, tps in row.items()} for lvl, row in table.items()}
+
+
+def test_the_largest_candidate_caps_every_level_so_a_deep_candidate_must_pay_for_itself():
+    # Steps 4 is best alone but its launch holds only 8 requests; adaptive sizes for the largest
+    # candidate, so a table with 4 anywhere runs at most 8 everywhere: level 32 would lose 40%.
+    figs = _capped({
+        1: {0: 60, 2: 170, 4: 200},
+        8: {0: 400, 2: 900, 4: 1000},
+        32: {0: 1300, 2: 1800, 4: 1000},  # 4 ran 8 requests here (its cap)
+    }, caps={0: 64, 2: 40, 4: 8})
+    assert sch.running_cap(figs, 4) == 8
+    assert sch.choose(figs) == {1: [2], 8: [2], 32: [2]}
+    # Where the deep steps win by enough at low load, it is kept and level 32 is served by the
+    # cap's slot (key 8): the dead key repeats it.
+    figs = _capped({
+        1: {0: 60, 2: 100, 4: 200},
+        8: {0: 400, 2: 500, 4: 1000},
+        32: {0: 1100, 2: 1200, 4: 1000},
+    }, caps={0: 64, 2: 40, 4: 8})
+    assert sch.choose(figs) == {1: [4], 8: [4], 32: [4]}
+
+
+def test_without_recorded_caps_every_level_takes_its_own_best():
+    figs = figs_from({1: {0: 60, 2: 170, 4: 200}, 32: {0: 1300, 2: 1800, 4: 1000}})
+    assert sch.choose(figs) == {1: [4], 32: [2]}
 
 
 def test_figures_pool_repeated_launches_and_take_the_best_memory_fraction():
@@ -139,7 +165,8 @@ def test_reuse_takes_topk1_trials_no_speculation_and_schedule_launches_of_the_sa
                          "duplicate_of": 0}),
         _trial(4, attrs={"baseline": "no_speculation", "concurrent_tps_by_level": by_level}),
         _trial(5, attrs={"baseline": "adaptive", "concurrent_tps_by_level": by_level}),
-        _trial(6, attrs={"schedule": {"role": "static", "steps": 5, "workload": wl}, "concurrent_tps_by_level": {"1": 50.0, "64": 9.0}}),
+        _trial(6, attrs={"schedule": {"role": "static", "steps": 5, "workload": wl}, "concurrent_tps_by_level": {"1": 50.0, "64": 9.0},
+                         "max_running_requests": 17}),
         _trial(7, attrs={"schedule": {"role": "static", "steps": 6, "workload": {"temperature": 0.7}}, "concurrent_tps_by_level": by_level}),
         _trial(8, attrs={"schedule": {"role": "tuned"}, "concurrent_tps_by_level": by_level}),
         _trial(9, attrs={"flags": {"speculative_num_steps": 4, "speculative_eagle_topk": 1}}, state=TrialState.PRUNED),
@@ -147,6 +174,7 @@ def test_reuse_takes_topk1_trials_no_speculation_and_schedule_launches_of_the_sa
     samples = sch.samples_from_trials(trials, source="x", hardware=hw, workload=wl)
     assert [(s.steps, s.source) for s in samples] == [(3, "x#0"), (0, "x#4"), (5, "x#6")]
     assert samples[0].mem_fraction_static == 0.85 and samples[2].tps_by_level == {1: 50.0, 64: 9.0}
+    assert samples[0].max_running_requests is None and samples[2].max_running_requests == 17
 
 
 def test_launch_memory_fraction_comes_from_the_same_or_nearest_larger_steps():
@@ -174,3 +202,32 @@ def test_expected_throughput_of_a_table_routes_a_level_to_the_nearest_lower_key(
     assert sch.expected_tps(figs, cfg, 1) == 320  # key 1: [1,3,5,7]
     assert sch.expected_tps(figs, cfg, 4) == 150  # key 1 still: 4 < 8
     assert sch.expected_tps(figs, cfg, 16) == 1000  # key 8: [0,1,3]
+
+
+def test_the_report_shows_the_latest_tuned_table_and_its_per_level_comparison(tmp_path):
+    from tuner.results.report import build, write_markdown
+
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    study = optuna.create_study(study_name="s", storage=storage)
+    assert build(study).schedule is None  # no schedule launches: no section
+    sibling = optuna.create_study(study_name="s@baselines", storage=storage)
+    wl = {"temperature": 0.0}
+    static = lambda steps, tps: _trial(0, attrs={"schedule": {"role": "static", "steps": steps, "levels": [1, 8], "workload": wl},
+                                                 "concurrent_tps_by_level": tps})
+    old = {"1": {"candidate_steps": [1]}}
+    table = {"1": {"candidate_steps": [3]}, "8": {"candidate_steps": [1]}}
+    for t in [static(0, {"1": 60.0, "8": 400.0}), static(1, {"1": 120.0, "8": 700.0}), static(3, {"1": 180.0, "8": 650.0}),
+              _trial(0, attrs={"schedule": {"role": "tuned", "table": old, "levels": [1], "workload": wl}, "concurrent_tps_by_level": {"1": 1.0}}),
+              _trial(0, attrs={"schedule": {"role": "tuned", "table": table, "levels": [1, 8], "workload": wl},
+                               "concurrent_tps_by_level": {"1": 178.0, "8": 690.0}, "speculative_adaptive": True}),
+              _trial(0, attrs={"schedule": {"role": "sglang_default", "table": sch.DEFAULT_ADAPTIVE_CONFIG, "levels": [1, 8], "workload": wl},
+                               "concurrent_tps_by_level": {"1": 170.0, "8": 640.0}, "speculative_adaptive": True})]:
+        sibling.add_trial(t)
+    section = build(study).schedule
+    assert section.trial == 4 and json.loads(section.table_json) == table
+    assert section.comparison.rows == [["1", "180 ±4 (3)", "170", "178", "[3]", "+4.7%"], ["8", "700 ±14 (1)", "640", "690", "[1]", "+7.8%"]]
+    assert section.verdict.startswith("the tuned table is within measurement noise of the best static configuration at every level")
+    md = (write_markdown(build(study), tmp_path / "r" / "report.md")[0]).read_text()
+    from tuner.results.report import write_html
+    assert "<h2>Adaptive schedule</h2>" in write_html(build(study), tmp_path / "r" / "report.html").read_text()
+    assert "## Adaptive schedule" in md and '"8": {"candidate_steps": [1]}' in md and "| 8 | 700 ±14 (1) | 640 | 690 | [1] | +7.8% |" in md

@@ -20,11 +20,14 @@ The format is what SGLang 0.5.23 loads (`srt/speculative/adaptive_spec_params.py
   `--speculative-num-steps` must be in the union of all candidate_steps (unset: its middle
   element), draft tokens = steps + 1, draft buffers sized for `max(union) + 1`.
 
-Choice per level: the steps whose throughput at that level is the best, or within measurement
-noise of it (`DEFAULT_NOISE` relative, or the spread of repeated measurements where wider), as
-`tuner.results.picks` ties trials.  Step 0 (speculation off) competes like any other.  The
-hysteresis keys are never written: nothing measured here says how they should differ from
-SGLang's defaults.
+Choice per level: a single candidate, the steps with the best measured throughput there, under
+the one constraint the table shares across levels: adaptive mode sizes its draft buffers, hence
+the running-request cap, for the largest candidate, so a deep candidate at one stream caps the
+full batch too.  Every ceiling is tried (levels above its cap run the cap's requests, routed to
+the key below it) and the one delivering the most over all levels wins.  One candidate because
+SGLang moves within a slot by the EMA of accepted drafts, not by throughput: the offline
+benchmark (benchmarks/schedule_benchmark.py) showed tied candidates settling 1-3% below the
+measured best.  The hysteresis keys are never written: with one candidate a slot never moves.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from tuner.results.picks import DEFAULT_NOISE
 __all__ = [
     "DEFAULT_ADAPTIVE_CONFIG", "Sample", "Figure", "levels_up_to", "parse_levels", "samples_from_trials",
     "figures", "choose", "table_for", "validate", "dumps", "candidates_of", "missing_steps", "launch_mem_fraction",
-    "steps_range", "expected_tps", "union_of", "Row", "best_static", "rows_for", "verdict", "comparison_markdown",
+    "steps_range", "running_cap", "expected_tps", "union_of", "Row", "best_static", "rows_for", "verdict", "comparison_markdown",
 ]
 
 # adaptive_spec_params.py · DEFAULT_ADAPTIVE_CONFIG (0.5.23), verbatim.
@@ -64,6 +67,7 @@ class Sample:
     mem_fraction_static: float | None
     tps_by_level: Mapping[int, float]
     source: str  # "study#12", "baselines#3": where the figures come from
+    max_running_requests: int | None = None  # the server's running-request cap (None: not recorded)
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,7 @@ class Figure:
     runs: int
     mem_fraction_static: float | None
     sources: tuple[str, ...]
+    max_running_requests: int | None = None  # the launch's running-request cap: above it, requests queued
 
 
 # -- levels ----------------------------------------------------------------------------------
@@ -161,7 +166,9 @@ def samples_from_trials(trials: Iterable[FrozenTrial], *, source: str, hardware:
         levels = _levels_of(t)
         if found is None or not levels:
             continue
-        out.append(Sample(found[0], found[1], levels, f"{source}#{t.number}"))
+        cap = t.user_attrs.get(record.MAX_RUNNING_REQUESTS)
+        cap = cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
+        out.append(Sample(found[0], found[1], levels, f"{source}#{t.number}", cap))
     return out
 
 
@@ -187,8 +194,9 @@ def figures(samples: Iterable[Sample], levels: Iterable[int]) -> dict[int, dict[
             values = [s.tps_by_level[level] for s in group if level in s.tps_by_level]
             if not values:
                 continue
+            caps = [s.max_running_requests for s in group if s.max_running_requests is not None]
             fig = Figure(steps, level, statistics.fmean(values), _noise(values), len(values), mfs,
-                         tuple(s.source for s in group if level in s.tps_by_level))
+                         tuple(s.source for s in group if level in s.tps_by_level), min(caps) if caps else None)
             if steps not in row or fig.tps > row[steps].tps:
                 row[steps] = fig
         out[level] = row
@@ -212,18 +220,88 @@ def launch_mem_fraction(samples: Iterable[Sample], steps: int, fallback: float |
 
 
 # -- figures -> table ------------------------------------------------------------------------
-def choose(figs: Mapping[int, Mapping[int, Figure]], allowed: Iterable[int] | None = None) -> dict[int, list[int]]:
-    """Per level, the steps at or within noise of the best throughput (sorted); a level with no
-    figure is left out.  Two figures tie when they differ by no more than the larger noise."""
-    allowed_set = set(allowed) if allowed is not None else None
-    out = {}
-    for level in sorted(figs):
-        row = [f for f in figs[level].values() if allowed_set is None or f.steps in allowed_set]
-        if not row:
+def running_cap(figs: Mapping[int, Mapping[int, Figure]], steps: int) -> int | None:
+    """The running-request cap `steps` launched with (the smallest recorded; None: unknown)."""
+    caps = [row[steps].max_running_requests for row in figs.values() if steps in row and row[steps].max_running_requests]
+    return min(caps) if caps else None
+
+
+def _at_batch(figs: Mapping[int, Mapping[int, Figure]], steps: int, batch: int) -> float | None:
+    """Throughput of `steps` with `batch` requests running, from its figures: each level ran
+    min(level, cap) requests; linear between the two nearest, the nearest past either end."""
+    cap = running_cap(figs, steps) or max(figs)
+    points = sorted({min(lvl, cap): row[steps].tps for lvl, row in figs.items() if steps in row}.items())
+    if not points:
+        return None
+    below = [p for p in points if p[0] <= batch] or points[:1]
+    above = [p for p in points if p[0] >= batch] or points[-1:]
+    (b0, t0), (b1, t1) = below[-1], above[0]
+    return t0 if b1 == b0 else t0 + (t1 - t0) * (batch - b0) / (b1 - b0)
+
+
+def _route(keys: list[int], batch: int) -> int:
+    """SGLang's `_find_closest_bs`: the nearest key at or below the running batch (else the smallest)."""
+    return max((k for k in keys if k <= batch), default=keys[0])
+
+
+def _plan(figs: Mapping[int, Mapping[int, Figure]], allowed: list[int], best: Mapping[int, float]) -> tuple[float, dict[int, int]]:
+    """One steps value per level key from `allowed`, with adaptive's running-request cap that of
+    the largest allowed steps (its draft buffers are sized for the largest candidate): a level
+    above the cap runs cap requests, routed to the key at or below the cap.  Each key gets the
+    steps best over the levels it serves (sum of throughput relative to each level's best).
+    Returns (that sum over all levels, the choice)."""
+    levels = sorted(figs)
+    cap = running_cap(figs, max(allowed))
+    batch = {lvl: lvl if cap is None else min(lvl, cap) for lvl in levels}
+    served: dict[int, list[int]] = {}
+    for lvl in levels:
+        served.setdefault(_route(levels, batch[lvl]), []).append(lvl)
+
+    def estimate(steps: int, lvl: int) -> float | None:
+        if batch[lvl] == lvl:
+            fig = figs[lvl].get(steps)
+            return fig.tps if fig is not None else None
+        return _at_batch(figs, steps, batch[lvl])
+
+    choice, score = {}, 0.0
+    for key, lvls in served.items():
+        scored = []
+        for steps in allowed:
+            values = [estimate(steps, lvl) for lvl in lvls]
+            if all(v is not None for v in values):
+                scored.append((sum(v / best[lvl] for v, lvl in zip(values, lvls)), -steps))
+        if not scored:
             continue
-        best = max(row, key=lambda f: (f.tps, -f.steps))
-        out[level] = sorted(f.steps for f in row if best.tps - f.tps <= max(best.noise, f.noise))
-    return out
+        value, neg = max(scored)
+        choice[key], score = -neg, score + value
+    top = _route(levels, max(batch.values()))
+    for lvl in levels:  # a key no batch reaches (above the cap) repeats the one that serves the cap
+        if lvl not in choice and top in choice:
+            choice[lvl] = choice[top]
+    return score, choice
+
+
+def choose(figs: Mapping[int, Mapping[int, Figure]], allowed: Iterable[int] | None = None) -> dict[int, list[int]]:
+    """Per level, a single candidate: the steps with the best measured throughput there, under
+    the one constraint a table shares across levels -- adaptive mode sizes the draft buffers,
+    hence the running-request cap, for the largest candidate at every load.  Every ceiling (the
+    largest steps allowed) is tried; the one whose choice delivers the most over all levels
+    (relative to each level's best static figure, lost capacity included) wins, the smaller
+    ceiling on a tie.  A level with no figure is left out.
+
+    One candidate, not every steps value within noise: within a slot SGLang moves by the EMA of
+    accepted drafts (about round(ema) + 1), not by throughput, so extra candidates let it settle
+    below the measured best, and a 0 among them makes it probe in and out of speculation.
+    """
+    present = sorted({s for row in figs.values() for s in row if allowed is None or s in set(allowed)})
+    rows = {lvl: {s: f for s, f in row.items() if s in present} for lvl, row in figs.items()}
+    rows = {lvl: row for lvl, row in rows.items() if row}
+    if not rows:
+        return {}
+    best = {lvl: max(f.tps for f in row.values()) for lvl, row in rows.items()}
+    plans = [_plan(rows, [s for s in present if s <= ceiling], best) for ceiling in present]
+    score, choice = max(plans, key=lambda p: (round(p[0], 9), -max(p[1].values(), default=0)))
+    return {lvl: [choice[lvl]] for lvl in sorted(choice)}
 
 
 def table_for(candidates: Mapping[int, Iterable[int]]) -> dict[str, dict[str, list[int]]]:

@@ -71,6 +71,7 @@ class Report:
     generated: str = ""
     baselines: Table = field(default_factory=lambda: Table([], []))  # the no-speculation / adaptive arms
     over_baselines: list[str] = field(default_factory=list)  # what tuning adds over each
+    schedule: Any = None  # report.schedule.ScheduleSection: the latest tuned adaptive table, if any
 
 
 # --- reading trials -------------------------------------------------------------------------

@@ -63,6 +63,7 @@ def write_html(report: Report, path: Path) -> Path:
     if report.baselines.rows:
         parts.append("<h2>Baselines: what tuning adds</h2>" + _html_table(report.baselines, ("baseline", "state")))
         parts += [f"<p>{e(line)}</p>" for line in report.over_baselines]
+    parts += _schedule_html(report)
     if report.plots:
         parts.append("<h2>Figures</h2>")
         for p in report.plots:
@@ -109,6 +110,7 @@ def write_markdown(report: Report, path: Path) -> list[Path]:
         lines += ["## Pareto front", "", _md_table(report.pareto), "", _LEGEND, ""]
     if report.baselines.rows:
         lines += ["## Baselines: what tuning adds", "", _md_table(report.baselines), "", *(f"- {line}" for line in report.over_baselines), ""]
+    lines += _schedule_md(report)
     written = []
     if report.plots:
         lines += ["## Figures", ""]
@@ -122,3 +124,29 @@ def write_markdown(report: Report, path: Path) -> list[Path]:
     return [path, *written]
 
 
+
+
+_SCHEDULE_INTRO = ("The latest table written and verified by python -m tuner.schedule (launch {n} of {name}@baselines), "
+                   "for --speculative-adaptive --speculative-adaptive-config FILE on SGLang 0.5.23; tok/s per level of "
+                   "requests in flight.")
+
+
+def _schedule_html(report: Report) -> list[str]:
+    s = report.schedule
+    if s is None:
+        return []
+    e = html.escape
+    parts = ["<h2>Adaptive schedule</h2>", f"<p>{e(_SCHEDULE_INTRO.format(n=s.trial, name=report.study_name))}</p>",
+             f"<pre><code>{e(s.table_json)}</code></pre>", _html_table(s.comparison), f"<p>Verdict: {e(s.verdict)}.</p>"]
+    if s.note:
+        parts.append(f'<p class="note">{e(s.note)}</p>')
+    return parts
+
+
+def _schedule_md(report: Report) -> list[str]:
+    s = report.schedule
+    if s is None:
+        return []
+    lines = ["## Adaptive schedule", "", _SCHEDULE_INTRO.format(n=s.trial, name=report.study_name), "",
+             "```json", s.table_json.rstrip("\n"), "```", "", _md_table(s.comparison), "", f"Verdict: {s.verdict}.", ""]
+    return lines + ([f"> {s.note}", ""] if s.note else [])
