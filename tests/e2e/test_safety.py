@@ -52,7 +52,7 @@ def test_interrupt_records_the_trial_and_stops_the_server(tmp_path, sig):
     (trial,) = _study(tmp_path).trials
     assert trial.state == TrialState.FAIL and trial.user_attrs["fail_reason"] == "interrupted"
     assert not _port_open(port)
-    assert not list((tmp_path / "work" / "t").glob("server.pid"))
+    assert not list((tmp_path / "work").rglob("server.pid"))
 
 
 def test_a_killed_tuner_is_recovered_by_the_next_run(tmp_path):
