@@ -120,13 +120,13 @@ class TrialRunner:
         return self._completed(trial, spec, m)
 
     def _completed(self, trial: optuna.Trial, spec: LaunchSpec, m: Measurement) -> list[float]:
+        self.target.control.poll()  # collect the rest of the log
+        self.target.control.stop()  # before any write: a server never waits on the database
         record.record_measurement(trial, m)
         c = self.config.constraints
         if c.p99_itl_ms is not None or c.ttft_ms is not None:
             trial.set_user_attr(record.CONSTRAINTS, m.slo_values(p99_itl_ms=c.p99_itl_ms, ttft_ms=c.ttft_ms))
-        self.target.control.poll()  # collect the rest of the log
         self._save_log(trial, spec)
-        self.target.control.stop()
         values = score(self.objectives, m)
         self._record_hypervolume(trial, values)
         self._note(trial, "COMPLETE", values)
@@ -137,9 +137,9 @@ class TrialRunner:
         """The one place a failed trial is written down: reason, kind, log tail and the whole
         log stored, the server stopped, the dashboard note."""
         tail = _tail(log or self.target.control.log(), spec.secrets)
+        self.target.control.stop()  # before any write: a server never waits on the database
         record.record_failure(trial, redact(reason, spec.secrets), kind=kind, log_tail=tail)
         self._save_log(trial, spec)
-        self.target.control.stop()
         self._note(trial, state)
 
     def _measure_failure(self, reason: str) -> str:

@@ -10,11 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import optuna
-from sqlalchemy.exc import ArgumentError, OperationalError
+from sqlalchemy.exc import ArgumentError, DatabaseError, OperationalError
 from sqlalchemy.exc import NoSuchModuleError
 
 from tuner.config import Config
 from tuner.errors import ConfigError
+from tuner.results.resilient import ResilientStorage
 
 __all__ = ["open_storage", "storage_for_url", "load_existing_study", "SQLITE_TIMEOUT_S"]
 
@@ -38,7 +39,8 @@ def storage_for_url(url: str, *, heartbeat_s: int | None = None) -> optuna.stora
                 import psycopg  # noqa: F401  # SQLAlchemy 2.1's default PostgreSQL driver
         except ImportError:
             raise ConfigError(f"{url.split('@')[-1]}: PostgreSQL needs its driver; pip install 'sglang-spec-tuner[postgres]'") from None
-        kwargs["engine_kwargs"] = {"pool_pre_ping": True}
+        # connect_timeout: a failover that drops packets is retried, not waited on for minutes
+        kwargs["engine_kwargs"] = {"pool_pre_ping": True, "connect_args": {"connect_timeout": 10}}
     if heartbeat_s:
         kwargs["heartbeat_interval"] = heartbeat_s
         kwargs["grace_period"] = heartbeat_s * 4
@@ -50,6 +52,8 @@ def storage_for_url(url: str, *, heartbeat_s: int | None = None) -> optuna.stora
     except OperationalError as exc:
         safe = url.split("@")[-1]
         raise ConfigError(f"[study] storage: cannot open {safe}: {str(exc.orig).strip().splitlines()[0]}; check the URL and that the database is up") from None
+    except DatabaseError as exc:  # a damaged file: one line, never a traceback
+        raise ConfigError(f"[study] storage: {url.split('@')[-1]} is damaged ({str(exc.orig).strip().splitlines()[0]}); restore it from a backup or use another storage") from None
 
 
 def _use_wal(path: Path) -> None:
@@ -82,11 +86,14 @@ DEFAULT_HEARTBEAT_S = 30
 def open_storage(config: Config) -> optuna.storages.BaseStorage:
     """A shared database (several workers) gets Optuna's heartbeat by default, so a trial of a
     worker that died is failed and retried by another; sqlite (one machine) recovers its
-    stale trials by process id instead (study.recover_stale_trials)."""
+    stale trials by process id instead (study.recover_stale_trials).  Either rides out an
+    outage (`tuner.results.resilient`), journaling trial writes beside the target's state."""
     heartbeat = config.study.heartbeat_s
     if heartbeat is None and not config.storage_url.startswith("sqlite"):
         heartbeat = DEFAULT_HEARTBEAT_S
-    return storage_for_url(config.storage_url, heartbeat_s=heartbeat or None)
+    inner = storage_for_url(config.storage_url, heartbeat_s=heartbeat or None)
+    journal_dir = Path(config.target.workdir).expanduser() / "journal"
+    return ResilientStorage(inner, url=config.storage_url, outage_s=config.study.storage_outage_s, journal_dir=journal_dir)
 
 
 def load_existing_study(config: Config) -> optuna.Study:
