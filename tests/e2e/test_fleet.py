@@ -14,6 +14,7 @@ from optuna.trial import TrialState
 from ..conftest import (
     PYTHON,
     REPO,
+    assert_no_server,
     free_port,
     run_cli,
     stop_servers_left_in,
@@ -98,10 +99,12 @@ def test_a_worker_on_other_hardware_refuses_to_join(tmp_path, postgres):
     assert ok.returncode == 0, ok.stderr
     other_dir = tmp_path / "h200"
     other_dir.mkdir()
+    other_port = free_port()
     other = write_config(other_dir, name=study_name, model="meta-llama/Llama-3.1-8B-Instruct --speculative-draft-model-path x/eagle3",
-                         command_flags="--speculative-algorithm EAGLE3", space="speculative_num_steps = { choices = [2] }")
+                         command_flags="--speculative-algorithm EAGLE3", space="speculative_num_steps = { choices = [2] }", port=other_port)
     refused = run_cli("--trials", "1", "--config", str(other), "--study-name", study_name, "--storage", postgres)
     assert refused.returncode == 2
+    assert_no_server(other_port)  # refused after its server became ready: that server is stopped
     assert "1x NVIDIA H200, but study" in refused.stderr and "4x NVIDIA RTX PRO 6000" in refused.stderr
     assert "--allow-mixed-hardware" in refused.stderr
     allowed = run_cli("--trials", "1", "--config", str(other), "--study-name", study_name, "--storage", postgres, "--allow-mixed-hardware")
@@ -114,33 +117,6 @@ def test_a_worker_on_other_hardware_refuses_to_join(tmp_path, postgres):
 # -- shared hosts, database outages, no orphans ---------------------------------------------------
 
 SPACE = "speculative_num_steps = { low = 1, high = 4 }\nspeculative_eagle_topk = { choices = [1, 2] }\nmem_fraction_static = { low = 0.80, high = 0.92, step = 0.02 }"
-
-
-def _server_processes(port: int) -> list[int]:
-    """Live processes of an emulator (or its wrapper shell) started for `port`."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if "sglang_emulator" in cmdline and f"--port {port} " in cmdline + " ":
-                found.append(int(proc.name))
-    return found
-
-
-def assert_no_server(port: int) -> None:
-    import socket
-    import time
-
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and _server_processes(port):
-        time.sleep(0.2)
-    assert not _server_processes(port), f"a server for port {port} still runs"
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        assert s.connect_ex(("127.0.0.1", port)) != 0, f"something still answers on port {port}"
 
 
 def _configs(tmp_path: Path, study_name: str, ports: list[int], study: str = "") -> list[Path]:

@@ -66,7 +66,9 @@ def _use_wal(path: Path) -> None:
     try:
         with sqlite3.connect(str(path), timeout=SQLITE_TIMEOUT_S) as db:
             db.execute("PRAGMA journal_mode=WAL")
-    except sqlite3.Error as exc:
+    except sqlite3.DatabaseError as exc:
+        if any(mark in str(exc) for mark in ("not a database", "malformed")):
+            raise ConfigError(f"[study] storage: {path} is damaged ({exc}); restore it from a backup or use another storage") from None
         raise ConfigError(f"[study] storage: cannot open {path}: {exc}; check the path and its permissions") from None
 
 
