@@ -258,3 +258,29 @@ def no_server_left_behind(tmp_path_factory):
         except ProcessLookupError:
             pass
     assert not left, "servers left running by the tests (now killed):\n" + "\n".join(f"  group {g}: {c[:200]}" for g, c in left.items())
+
+
+def server_processes(port: int) -> list[int]:
+    """Live processes of an emulator (or the process manager's wrapper shell) started for `port`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if "sglang_emulator" in cmdline and f"--port {port} " in cmdline + " ":
+                found.append(int(proc.name))
+    return found
+
+
+def assert_no_server(port: int, timeout: float = 10) -> None:
+    """No process of a server for `port` runs (its whole process group included: the wrapper
+    shell carries the same command line) and nothing answers on the port."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and server_processes(port):
+        time.sleep(0.2)
+    assert not server_processes(port), f"a server for port {port} still runs: {server_processes(port)}"
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        assert s.connect_ex(("127.0.0.1", port)) != 0, f"something still answers on port {port}"

@@ -7,9 +7,14 @@ on the CI test host.
 
 from __future__ import annotations
 
+import shlex
+import socket
 import time
 
+import pytest
 
+from tuner.errors import HostError
+from tuner.target.control.base import TUNER_ID
 from tuner.target.launch import LaunchSpec
 
 
@@ -90,3 +95,28 @@ class ControlContract:
             control.start(self.spec("echo second; exec sleep 60"))
             wait_for(lambda: "second" in control.poll()[1] + control.log())
             assert "first" not in control.log()
+
+    def _write_owner(self, control, owner: str) -> None:
+        path = shlex.quote(control.owner_path)
+        assert control.shell.run(f"mkdir -p $(dirname {path}) && printf %s {shlex.quote(owner)} > {path}", sudo=True).ok
+
+    def _read_owner(self, control) -> str:
+        return control.shell.run(f"cat {shlex.quote(control.owner_path)} 2>/dev/null || true", sudo=True).stdout.strip()
+
+    def test_a_second_tuner_on_the_same_server_is_refused_and_touches_nothing(self, tmp_path):
+        control = self.make_control(tmp_path)
+        live = f"{socket.gethostname()}:1:"  # pid 1 lives for as long as the machine
+        self._write_owner(control, live)
+        with pytest.raises(HostError, match=rf"driven by another tuner \(host {socket.gethostname()}, pid 1\)"):
+            with control:
+                control.prepare()
+        assert self._read_owner(control) == live
+        self._write_owner(control, "")
+
+    def test_a_dead_owners_leftover_is_adopted_and_the_lock_released_at_the_end(self, tmp_path):
+        control = self.make_control(tmp_path)
+        self._write_owner(control, f"{socket.gethostname()}:999999999:0")
+        with control:
+            control.prepare()
+            assert self._read_owner(control) == TUNER_ID
+        assert self._read_owner(control) == ""

@@ -99,6 +99,7 @@ class StudyConfig(_Section):
     seed: int | None = None
     artifacts: str | None = None  # directory for trial logs (optuna artifact store)
     heartbeat_s: int | None = None  # RDB heartbeat for multi-host studies
+    storage_outage_s: float = Field(default=300.0, gt=0)  # ride out a database outage this long
     allow_mixed_hardware: bool = False
     enqueue_current: bool = True  # warm start: the command's own settings and SGLang's default first
     baselines: bool = True  # also measure no speculation and --speculative-adaptive, once per study

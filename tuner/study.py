@@ -18,7 +18,7 @@ from tuner.errors import ConfigError, HostError, LaunchError, MeasureError
 from tuner.measure.objectives import Objective, load_objectives
 from tuner.measure.workload import load_workload
 from tuner.progress import Reporter, SilentReporter
-from tuner.results import artifacts, baselines, hypervolume
+from tuner.results import artifacts, baselines, hypervolume, resilient
 from tuner.results.optuna_private import storage_of
 from tuner.results.picks import pick
 from tuner.results.storage import open_storage
@@ -103,6 +103,8 @@ def run_study(config: Config, *, trials: int, sampler_name: str | None = None, s
     reporter = reporter or SilentReporter()
     study, objectives = open_study(config, sampler_name=sampler_name, seed=seed)
     check_compatible(config.space, study)
+    resilient.watch(study, reporter.phase)  # "waiting for the study's database ..." while it is away
+    resilient.settle(study, reporter.warning)  # what an earlier run kept through an outage, first
     study.set_user_attr("sampler", sampler_name or config.study.sampler)
     recover_stale_trials(study, reporter.warning)
     workload = load_workload(config.bench.prompts, seed=config.bench.seed, base_dir=config.base_dir)
@@ -139,6 +141,9 @@ def run_study(config: Config, *, trials: int, sampler_name: str | None = None, s
             if not exc.fatal:
                 raise
             result.fatal = exc
+        except Exception:
+            resilient.reraise_outage(study)  # the database stayed away: one line, not Optuna's traceback
+            raise
         result.trials_run = _started(study) - before
         if config.target.leave_best and result.fatal is None:
             _leave_best(study, target, reporter)

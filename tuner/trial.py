@@ -153,6 +153,8 @@ class TrialRunner:
         return self._completed(trial, spec, m)
 
     def _completed(self, trial: optuna.Trial, spec: LaunchSpec, m: Measurement) -> list[float]:
+        self.target.control.poll()  # collect the rest of the log
+        self.target.control.stop()  # before any write: a server never waits on the database
         record.record_measurement(trial, m)
         c = self.config.constraints
         if c.p99_itl_ms is not None or c.ttft_ms is not None:
@@ -162,9 +164,7 @@ class TrialRunner:
         except MeasureError as exc:  # an objective the server cannot supply (accept length unknown)
             self._failed(trial, spec, str(exc), state="FAIL")
             raise
-        self.target.control.poll()  # collect the rest of the log
         self._save_log(trial, spec)
-        self.target.control.stop()
         self._record_hypervolume(trial, values)
         self._note(trial, "COMPLETE", values)
         return values
@@ -174,9 +174,9 @@ class TrialRunner:
         """The one place a failed trial is written down: reason, kind, log tail and the whole
         log stored, the server stopped, the dashboard note."""
         tail = _tail(log or self.target.control.log(), spec.secrets)
+        self.target.control.stop()  # before any write: a server never waits on the database
         record.record_failure(trial, redact(reason, spec.secrets), kind=kind, log_tail=tail)
         self._save_log(trial, spec)
-        self.target.control.stop()
         self._note(trial, state)
 
     def _measure_failure(self, reason: str) -> str:

@@ -14,6 +14,7 @@ from optuna.trial import TrialState
 from ..conftest import (
     PYTHON,
     REPO,
+    assert_no_server,
     free_port,
     run_cli,
     stop_servers_left_in,
@@ -98,10 +99,12 @@ def test_a_worker_on_other_hardware_refuses_to_join(tmp_path, postgres):
     assert ok.returncode == 0, ok.stderr
     other_dir = tmp_path / "h200"
     other_dir.mkdir()
+    other_port = free_port()
     other = write_config(other_dir, name=study_name, model="meta-llama/Llama-3.1-8B-Instruct --speculative-draft-model-path x/eagle3",
-                         command_flags="--speculative-algorithm EAGLE3", space="speculative_num_steps = { choices = [2] }")
+                         command_flags="--speculative-algorithm EAGLE3", space="speculative_num_steps = { choices = [2] }", port=other_port)
     refused = run_cli("--trials", "1", "--config", str(other), "--study-name", study_name, "--storage", postgres)
     assert refused.returncode == 2
+    assert_no_server(other_port)  # refused after its server became ready: that server is stopped
     assert "1x NVIDIA H200, but study" in refused.stderr and "4x NVIDIA RTX PRO 6000" in refused.stderr
     assert "--allow-mixed-hardware" in refused.stderr
     allowed = run_cli("--trials", "1", "--config", str(other), "--study-name", study_name, "--storage", postgres, "--allow-mixed-hardware")
@@ -109,3 +112,172 @@ def test_a_worker_on_other_hardware_refuses_to_join(tmp_path, postgres):
     study = optuna.load_study(study_name=study_name, storage=postgres)
     assert [t.user_attrs.get("accelerator") for t in study.trials if t.state == TrialState.COMPLETE] == [
         "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "NVIDIA H200"]
+
+
+# -- shared hosts, database outages, no orphans ---------------------------------------------------
+
+SPACE = "speculative_num_steps = { low = 1, high = 4 }\nspeculative_eagle_topk = { choices = [1, 2] }\nmem_fraction_static = { low = 0.80, high = 0.92, step = 0.02 }"
+
+
+def _configs(tmp_path: Path, study_name: str, ports: list[int], study: str = "") -> list[Path]:
+    """One config per worker, all with the same [target] workdir (as on one shared host)."""
+    configs = []
+    for i, port in enumerate(ports):
+        d = tmp_path / f"w{i}"
+        d.mkdir()
+        path = write_config(d, name=study_name, port=port, space=SPACE, study=study)
+        path.write_text(path.read_text().replace(f'workdir = "{d / "work"}"', f'workdir = "{tmp_path / "work"}"'))
+        configs.append(path)
+    return configs
+
+
+def _measured_once(trials) -> None:
+    """Every trial ended, none failed or retried (nothing lost, so nothing measured again), and no
+    worker measured the same flags twice.  (Two workers may each measure the same flags once
+    while neither knows the other's GPUs match: before its first launch a worker compares only
+    with its own target's trials.)"""
+    detail = [(t.number, t.state.name, t.user_attrs.get("worker"), t.user_attrs.get("flags"), t.user_attrs.get("fail_reason")) for t in trials]
+    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials), detail
+    assert not [t for t in trials if t.user_attrs.get("retry_of") is not None or "failed_trial" in t.system_attrs], detail
+    for worker in {t.user_attrs.get("worker") for t in trials}:
+        measured = [str(sorted(t.user_attrs["flags"].items())) for t in trials if t.user_attrs.get("worker") == worker
+                    and t.state == TrialState.COMPLETE and t.user_attrs.get("duplicate_of") is None]
+        assert len(measured) == len(set(measured)), f"{worker} measured the same flags twice: {detail}"
+
+
+def test_two_workers_on_one_host_share_the_workdir_and_keep_apart(tmp_path, postgres):
+    study_name = f"fleet-{uuid.uuid4().hex[:8]}"
+    ports = [free_port(), free_port()]
+    workers = [_worker(c, study_name, postgres, 3) for c in _configs(tmp_path, study_name, ports)]
+    for w in workers:
+        out, err = w.communicate(timeout=600)
+        assert w.returncode == 0, err
+        assert "left behind" not in err and "adopting" not in err, err
+    trials = optuna.load_study(study_name=study_name, storage=postgres).trials
+    assert len(trials) == 6 and all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials), [t.state for t in trials]
+    _measured_once(trials)
+    assert {t.user_attrs["url"] for t in trials} == {f"http://127.0.0.1:{p}" for p in ports}
+    for port in ports:
+        assert_no_server(port)
+    assert not list((tmp_path / "work").rglob("server.pid")) and not list((tmp_path / "work").rglob("owner"))
+
+
+class PrivatePostgres:
+    """A PostgreSQL server of the test's own (the binaries .ci/services.sh installs), so stopping
+    it mid-run disturbs nobody else's tests."""
+
+    def __init__(self):
+        import glob
+        import shutil
+        import tempfile
+
+        bins = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
+        if not bins or os.geteuid() != 0 or not shutil.which("runuser"):
+            pytest.skip("needs root and PostgreSQL's binaries (.ci/services.sh up)")
+        self.bin = bins[-1]
+        self.dir = Path(tempfile.mkdtemp(prefix="tuner-pg-"))
+        shutil.chown(self.dir, "postgres", "postgres")
+        self.port = free_port()
+        self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        self._pg("initdb", "-D", f"{self.dir}/data", "-A", "trust", "-U", "postgres")
+        self.start()
+
+    def _pg(self, tool: str, *args: str) -> None:
+        subprocess.run(["runuser", "-u", "postgres", "--", f"{self.bin}/{tool}", *args], check=True, capture_output=True, timeout=120)
+
+    def start(self) -> None:
+        self._pg("pg_ctl", "-D", f"{self.dir}/data", "-l", f"{self.dir}/server.log", "-w",
+                 "-o", f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.dir}", "start")
+
+    def stop(self, mode: str = "immediate") -> None:
+        self._pg("pg_ctl", "-D", f"{self.dir}/data", "-m", mode, "-w", "stop")
+
+    def destroy(self) -> None:
+        import shutil
+
+        subprocess.run(["runuser", "-u", "postgres", "--", f"{self.bin}/pg_ctl", "-D", f"{self.dir}/data", "-m", "immediate", "stop"],
+                       capture_output=True, timeout=60)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture
+def private_postgres(postgres):
+    pg = PrivatePostgres()
+    try:
+        yield pg
+    finally:
+        pg.destroy()
+
+
+def _serving(ports: list[int]) -> int:
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        for port in ports:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health_generate", timeout=2).status_code == 200:
+                    return port
+            except httpx.HTTPError:
+                pass
+        time.sleep(0.1)
+    raise AssertionError("no worker's server became ready")
+
+
+def test_the_database_stopped_for_20_s_mid_trial_loses_nothing(tmp_path, private_postgres):
+    import datetime
+    import time
+
+    pg = private_postgres
+    study_name = f"outage-{uuid.uuid4().hex[:8]}"
+    ports = [free_port(), free_port()]
+    optuna.create_study(study_name=study_name, storage=pg.url, directions=["maximize"] * 3)
+    workers = [_worker(c, study_name, pg.url, 2) for c in _configs(tmp_path, study_name, ports)]
+    try:
+        _serving(ports)  # a trial's server is up: stop the database under it
+        stopped_at = datetime.datetime.now()
+        pg.stop("immediate")
+        time.sleep(20)
+    finally:
+        pg.start()
+    results = [w.communicate(timeout=600) for w in workers]
+    for w, (out, err) in zip(workers, results):
+        assert w.returncode == 0, err
+        assert "Traceback" not in err, err
+    trials = optuna.load_study(study_name=study_name, storage=pg.url).trials
+    assert len(trials) == 4
+    _measured_once(trials)
+    in_flight = [t for t in trials if t.datetime_start < stopped_at and (t.datetime_complete is None or t.datetime_complete > stopped_at)]
+    assert in_flight, "a trial should have been running when the database stopped"
+    for t in in_flight:
+        assert t.state == TrialState.COMPLETE and "accept_length" in t.user_attrs and t.values, (t.number, t.state, t.user_attrs.get("fail_reason"))
+    for port in ports:
+        assert_no_server(port)
+    assert not list((tmp_path / "work" / "journal").glob("*.jsonl"))
+
+
+def test_the_database_gone_past_the_limit_stops_with_one_line_and_no_server(tmp_path, private_postgres):
+    pg = private_postgres
+    study_name = f"gone-{uuid.uuid4().hex[:8]}"
+    port = free_port()
+    (config,) = _configs(tmp_path, study_name, [port], study="storage_outage_s = 5")
+    worker = _worker(config, study_name, pg.url, 2)
+    try:
+        _serving([port])
+        pg.stop("immediate")
+        out, err = worker.communicate(timeout=120)
+    finally:
+        pg.start()
+    assert worker.returncode == 2, err
+    (line,) = [l for l in err.splitlines() if l.startswith("error:")]
+    assert f"127.0.0.1:{pg.port}/postgres did not answer for 5 s" in line and "Traceback" not in err, err
+    assert_no_server(port)
+    again = _worker(config, study_name, pg.url, 1)
+    out, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err
+    trials = optuna.load_study(study_name=study_name, storage=pg.url).trials
+    assert not [t for t in trials if t.state == TrialState.RUNNING]
+    assert_no_server(port)
+    assert not list((tmp_path / "work" / "journal").glob("*.jsonl"))

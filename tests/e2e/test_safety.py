@@ -16,7 +16,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from ..conftest import PYTHON, REPO, free_port, run_cli, wait_serving, write_config
+from ..conftest import PYTHON, REPO, assert_no_server, free_port, run_cli, wait_serving, write_config
 
 pytestmark = pytest.mark.e2e
 
@@ -51,8 +51,8 @@ def test_interrupt_records_the_trial_and_stops_the_server(tmp_path, sig):
     assert "interrupted" in err
     (trial,) = _study(tmp_path).trials
     assert trial.state == TrialState.FAIL and trial.user_attrs["fail_reason"] == "interrupted"
-    assert not _port_open(port)
-    assert not list((tmp_path / "work" / "t").glob("server.pid"))
+    assert_no_server(port)
+    assert not list((tmp_path / "work").rglob("server.pid"))
 
 
 def test_a_killed_tuner_is_recovered_by_the_next_run(tmp_path):
@@ -153,3 +153,24 @@ def test_dashboard_reading_during_a_run_neither_stalls_nor_loses_writes(tmp_path
     assert "database is locked" not in result.stderr
     assert [t.state for t in _study(tmp_path).trials] == [TrialState.COMPLETE] * 3
     assert reads[0] > 20 and not errors
+
+
+@pytest.mark.parametrize("how", ["done", "fatal"])
+def test_every_way_a_run_ends_leaves_no_server(tmp_path, how):
+    port = free_port()
+    flags = "--speculative-algorithm NEXTN" + (" --cuda-graph-max-bs 16" if how == "fatal" else "")
+    config = write_config(tmp_path, port=port, command_flags=flags, space="speculative_num_steps = { choices = [1, 2] }")
+    result = run_cli("--trials", "2", "--config", str(config))
+    assert result.returncode == (0 if how == "done" else 2), result.stderr
+    assert "Traceback" not in result.stderr
+    assert_no_server(port)
+    assert not list((tmp_path / "work").rglob("server.pid")) and not list((tmp_path / "work").rglob("owner"))
+
+
+def test_a_damaged_sqlite_store_is_one_line(tmp_path):
+    config = write_config(tmp_path)
+    (tmp_path / "t.db").write_bytes(b"not a database, whatever the name says " * 200)
+    result = run_cli("--trials", "1", "--config", str(config))
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("error:") and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "t.db is damaged (file is not a database)" in result.stderr and "Traceback" not in result.stderr

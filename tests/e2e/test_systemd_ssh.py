@@ -351,3 +351,32 @@ def test_schedule_apply_installs_the_table_beside_a_drop_in_and_restore_removes_
         assert unit_hash(host, path) == before
     finally:
         ssh(host, f"systemctl stop {name}; rm -rf {path} /etc/systemd/system/{name}.service.d {table}; systemctl daemon-reload", check=False)
+
+
+def test_two_units_side_by_side_and_a_second_tuner_on_one_is_refused(tmp_path, host):
+    from tuner.config import TargetConfig
+    from tuner.errors import HostError
+    from tuner.target.control.systemd import SystemdControl
+    from tuner.target.host import connect
+
+    target = TargetConfig(host=f"{host['TH_USER']}@{host['TH_HOST']}:{host['TH_PORT']}", identity_file=host["TH_KEY"],
+                          known_hosts=host["TH_KNOWN_HOSTS"], manager="systemd", unit="x")
+    names = [f"sglang-l{free_port()}", f"sglang-m{free_port()}"]
+    paths = [make_unit(host, name, 0, start=False) for name in names]
+    a, b = (SystemdControl(connect(target), unit=n, name="s", stop_timeout_s=5) for n in names)
+    try:
+        with a, b:
+            a.prepare()
+            b.prepare()  # another unit: no conflict
+            owner = ssh(host, f"cat /run/sglang-tuner/{names[0]}.service.owner").stdout
+            # Another tuner (here: one whose pid lives, pid 1 of the host running the tests).
+            ssh(host, f"printf %s {owner.split(':')[0]}:1: > /run/sglang-tuner/{names[0]}.service.owner")
+            intruder = SystemdControl(connect(target), unit=names[0], name="s", stop_timeout_s=5)
+            with pytest.raises(HostError, match=r"driven by another tuner \(host .*, pid 1\)"):
+                with intruder:
+                    intruder.prepare()
+            ssh(host, f"printf %s {owner} > /run/sglang-tuner/{names[0]}.service.owner")
+        for name in names:
+            assert ssh(host, f"test -e /run/sglang-tuner/{name}.service.owner", check=False).returncode == 1
+    finally:
+        ssh(host, f"rm -f {' '.join(paths)}; systemctl daemon-reload")

@@ -16,6 +16,7 @@ from sqlalchemy.exc import NoSuchModuleError
 
 from tuner.config import Config
 from tuner.errors import ConfigError
+from tuner.results.resilient import ResilientStorage
 
 __all__ = ["open_storage", "storage_for_url", "storage_source", "existing_storage", "load_existing_study", "study_summaries", "SQLITE_TIMEOUT_S"]
 
@@ -40,7 +41,8 @@ def storage_for_url(url: str, *, heartbeat_s: int | None = None, source: str = "
         kwargs["engine_kwargs"] = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}}
     else:
         _check_postgres_driver(url, source)
-        kwargs["engine_kwargs"] = {"pool_pre_ping": True}
+        # connect_timeout: a failover that drops packets is retried, not waited on for minutes
+        kwargs["engine_kwargs"] = {"pool_pre_ping": True, "connect_args": {"connect_timeout": 10}}
     if heartbeat_s:
         kwargs.update(_heartbeat_kwargs(heartbeat_s))
     try:
@@ -52,7 +54,10 @@ def storage_for_url(url: str, *, heartbeat_s: int | None = None, source: str = "
     except OperationalError as exc:
         safe = url.split("@")[-1]
         raise ConfigError(f"{source}: cannot open {safe}: {str(exc.orig).strip().splitlines()[0]}; check the URL and that the database is up") from None
-    except (DatabaseError, RuntimeError, SQLAlchemyError, optuna.exceptions.StorageInternalError) as exc:
+    except DatabaseError as exc:  # a damaged file: one line, never a traceback
+        first = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        raise ConfigError(f"{source}: {url.split('@')[-1]} is damaged ({first}); restore it from a backup or use another storage") from None
+    except (RuntimeError, SQLAlchemyError, optuna.exceptions.StorageInternalError) as exc:
         first = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
         raise ConfigError(f"{source}: {url.split('@')[-1]} is not a usable Optuna store ({first}); point it at another file or database") from None
 
@@ -104,6 +109,10 @@ def _use_wal(path: Path, source: str) -> None:
     try:
         with sqlite3.connect(str(path), timeout=SQLITE_TIMEOUT_S) as db:
             db.execute("PRAGMA journal_mode=WAL")
+    except sqlite3.DatabaseError as exc:
+        if any(mark in str(exc) for mark in ("not a database", "malformed")):
+            raise ConfigError(f"{source}: {path} is damaged ({exc}); restore it from a backup or use another storage") from None
+        raise ConfigError(f"{source}: cannot open {path}: {exc}; check the path and its permissions") from None
     except sqlite3.Error as exc:
         raise ConfigError(f"{source}: cannot open {path}: {exc}; check the path and its permissions") from None
 
@@ -124,12 +133,15 @@ DEFAULT_HEARTBEAT_S = 30
 def open_storage(config: Config) -> optuna.storages.BaseStorage:
     """A shared database (several workers) gets Optuna's heartbeat by default, so a trial of a
     worker that died is failed and retried by another; sqlite (one machine) recovers its
-    stale trials by process id instead (study.recover_stale_trials)."""
+    stale trials by process id instead (study.recover_stale_trials).  Either rides out an
+    outage (`tuner.results.resilient`), journaling trial writes beside the target's state."""
     heartbeat = config.study.heartbeat_s
     if heartbeat is None and not config.storage_url.startswith("sqlite"):
         heartbeat = DEFAULT_HEARTBEAT_S
-    return storage_for_url(config.storage_url, heartbeat_s=heartbeat or None, source=storage_source(config),
-                           create_dir=config.study.storage is None)
+    inner = storage_for_url(config.storage_url, heartbeat_s=heartbeat or None, source=storage_source(config),
+                            create_dir=config.study.storage is None)
+    journal_dir = Path(config.target.workdir).expanduser() / "journal"
+    return ResilientStorage(inner, url=config.storage_url, outage_s=config.study.storage_outage_s, journal_dir=journal_dir)
 
 
 def storage_source(config: Config) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from tuner.config import Config
 from tuner.target.host import Shell
 from tuner.target.control.base import ServiceControl, ServiceStatus
-from tuner.target.control.process import ProcessControl
+from tuner.target.control.process import ProcessControl, state_name
 
 __all__ = ["ServiceControl", "ServiceStatus", "ProcessControl", "control_for"]
 
@@ -17,4 +17,5 @@ def control_for(config: Config, shell: Shell) -> ServiceControl:
 
         return SystemdControl(shell, unit=target.unit, name=config.study.name, stop_timeout_s=target.stop_timeout_s,
                               leave_best=target.leave_best)
-    return ProcessControl(shell, workdir=target.workdir, name=config.study.name, stop_timeout_s=target.stop_timeout_s)
+    # State per server (host + port), never per study: workers of one study keep apart.
+    return ProcessControl(shell, workdir=target.workdir, name=state_name(target.url), stop_timeout_s=target.stop_timeout_s)

@@ -9,12 +9,17 @@ this machine and over SSH.  Both are context managers: leaving the `with` restor
 
 from __future__ import annotations
 
+import os
+import shlex
+import socket
 from dataclasses import dataclass
 from typing import Protocol
 
+from tuner.errors import HostError
+from tuner.target.host import Shell
 from tuner.target.launch import LaunchSpec
 
-__all__ = ["ServiceStatus", "ServiceControl", "LOG_LIMIT_BYTES"]
+__all__ = ["ServiceStatus", "ServiceControl", "LOG_LIMIT_BYTES", "OwnerLock", "TUNER_ID"]
 
 LOG_LIMIT_BYTES = 4 << 20  # a trial's log kept in memory: the head and the newest lines
 
@@ -81,3 +86,71 @@ class LogBuffer:
 
     def recent(self, chars: int = 65536) -> str:
         return self.text()[-chars:]
+
+
+def _start_time(pid: int) -> str:
+    """A process's start time (clock ticks since boot): a pid reused later has another one."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return "0"
+
+
+TUNER_ID = f"{socket.gethostname()}:{os.getpid()}:{_start_time(os.getpid())}"  # this tuner process
+
+
+def _owner_alive(owner: str) -> bool:
+    """Whether the tuner named `host:pid:start` still runs.  A tuner on another machine cannot
+    be checked from here, so it counts as alive (the refusal says how to clear it)."""
+    host, _, rest = owner.partition(":")
+    pid, _, start = rest.partition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return host != socket.gethostname()
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return _start_time(int(pid)) == start or start == ""
+
+
+class OwnerLock:
+    """Which tuner drives a server: `<host>:<pid>:<start>` in a file on the target, changed only
+    by compare-and-swap under `flock`, so two tuners that look at once cannot both take it.
+    A second tuner is refused while the owner lives; a dead owner's server is adopted."""
+
+    def __init__(self, shell: Shell, path: str, *, what: str, sudo: bool = False):
+        self.shell, self.path, self.what, self.sudo = shell, path, what, sudo
+        self.held = False
+
+    def _swap(self, expected: str, new: str) -> bool:
+        body = ('cur=$(cat "$1" 2>/dev/null || true); [ "$cur" = "$2" ] || exit 0; '
+                'if [ -n "$3" ]; then printf %s "$3" > "$1.tmp" && mv -f "$1.tmp" "$1"; else rm -f "$1"; fi; echo swapped')
+        q = shlex.quote
+        cmd = (f"mkdir -p {q(os.path.dirname(self.path))} && flock {q(self.path + '.lock')} "
+               f"sh -c {q(body)} sh {q(self.path)} {q(expected)} {q(new)}")
+        result = self.shell.run(cmd, sudo=self.sudo)
+        if not result.ok:
+            raise HostError(f"{self.shell.description}: cannot lock {self.path}: {(result.stderr or result.stdout).strip()[:200]}")
+        return result.stdout.strip() == "swapped"
+
+    def acquire(self) -> str | None:
+        """Take the server; the dead owner whose leftovers are now ours, if any."""
+        for _ in range(5):
+            owner = self.shell.run(f"cat {shlex.quote(self.path)} 2>/dev/null || true", sudo=self.sudo).stdout.strip()
+            if owner and owner != TUNER_ID and _owner_alive(owner):
+                host, _, rest = owner.partition(":")
+                raise HostError(
+                    f"{self.what} is driven by another tuner (host {host}, pid {rest.partition(':')[0]}); "
+                    f"stop that one or point this one at another server (if it is gone, remove {self.path})")
+            if self._swap(owner, TUNER_ID):
+                self.held = True
+                return owner if owner and owner != TUNER_ID else None
+        raise HostError(f"{self.what}: could not take {self.path}: other tuners keep changing it")
+
+    def release(self) -> None:
+        if self.held:
+            self._swap(TUNER_ID, "")
+            self.held = False

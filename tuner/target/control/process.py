@@ -1,31 +1,43 @@
 """ProcessControl: the tuner runs the launch command itself, here or over SSH.
 
 The server runs as `nohup setsid sh -c '<env> <command>; echo $? > exit_code'` in a state
-directory (`[target] workdir`/<study>): its own session and process group (so stopping it
+directory of its own server (`[target] workdir`/<url host>-<port>, never per study: two
+workers of one study on one host, two ports, keep apart): its own session and process group (so stopping it
 takes every child, as SGLang's scheduler processes must go too), its output in `server.log`,
 its pid in `server.pid`, its exit status in `exit_code`, and `SGLANG_TUNER_STATE=<that
 directory>` in its environment.  A pid file found at start is a server an earlier (killed) run
 left behind; it is stopped first, but only if a process of that group carries the marker: a
-reused pid belongs to someone else.
+reused pid belongs to someone else.  The tuner driving the server holds the directory's
+`owner` lock (`base.OwnerLock`): a second tuner pointed at the same server is refused, and a
+leftover is adopted (stopped) only when its owner is dead.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import shlex
 import time
+from urllib.parse import urlsplit
 
 from tuner.errors import HostError
 from tuner.target.host import Shell
 from tuner.target.launch import LaunchSpec
-from tuner.target.control.base import LogBuffer, ServiceStatus
+from tuner.target.control.base import LogBuffer, OwnerLock, ServiceStatus
 
-__all__ = ["ProcessControl"]
+__all__ = ["ProcessControl", "state_name"]
 
 logger = logging.getLogger(__name__)
 
 _CHUNK = 1 << 20
 MARKER = "SGLANG_TUNER_STATE"  # set in the server's environment: which state directory owns it
+
+
+def state_name(url: str) -> str:
+    """The state directory's name for the server at `url`: its host and port."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return re.sub(r"[^A-Za-z0-9._-]", "_", f"{parts.hostname}-{port}")
 
 
 class ProcessControl:
@@ -39,6 +51,7 @@ class ProcessControl:
         self._offset = 0
         self._buffer = LogBuffer()
         self._spec: LaunchSpec | None = None
+        self._lock: OwnerLock | None = None
 
     # --- paths -------------------------------------------------------------------------------
 
@@ -55,15 +68,30 @@ class ProcessControl:
                 raise HostError(f"{self.shell.description}: cannot create {self._dir}: {made.stderr.strip()}; fix [target] workdir")
         return self._dir
 
+    @property
+    def owner_path(self) -> str:
+        return f"{self.dir}/owner"
+
     def _q(self, leaf: str) -> str:
         return shlex.quote(f"{self.dir}/{leaf}")
 
     # --- interface ---------------------------------------------------------------------------
 
+    def _own(self) -> None:
+        """Hold the server's lock (refused while another live tuner drives it)."""
+        if self._lock is None:
+            self._lock = OwnerLock(self.shell, self.owner_path, what=f"the server in {self.dir} ({self.shell.description})")
+        if not self._lock.held:
+            dead = self._lock.acquire()
+            if dead:
+                logger.warning("adopting %s from a tuner that is gone (%s)", self.dir, dead)
+
     def prepare(self) -> None:
+        self._own()
         self.stop()  # a server a killed run left behind
 
     def start(self, spec: LaunchSpec) -> None:
+        self._own()
         self.stop()  # ours from the previous trial, or one a killed run left behind
         # The marker variable tells our processes from any other that reuses the pid later.
         env_vars = {**spec.env, MARKER: self.dir}
@@ -149,11 +177,18 @@ class ProcessControl:
         self.shell.run(f"rm -f {pid_file}")
 
     def restore(self) -> None:
-        self.stop()
+        if self._lock is not None and self._lock.held:  # never stop a server another tuner drives
+            self.stop()
         self._spec = None
+        if self._lock is not None:
+            self._lock.release()
 
     def __enter__(self) -> "ProcessControl":
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.restore()
+        try:
+            self.restore()
+        except KeyboardInterrupt:  # a second Ctrl-C / SIGTERM while stopping: finish stopping
+            self.restore()
+            raise

@@ -13,6 +13,8 @@ that keeps dying is a restart loop, not a slow start) and the unit's journal sin
 trial's restart (a cursor), next to HTTP.  At the end the drop-in is removed and the unit put
 back as it was: running its own command again, or stopped.  The unit's state before the run
 is written into the drop-in itself, so a run killed with -9 is undone by the next one.
+The tuner driving a unit holds `/run/sglang-tuner/<unit>.owner` (`base.OwnerLock`): a second
+tuner on the same unit is refused and touches nothing; one on another unit works beside it.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import time
 from tuner.errors import HostError
 from tuner.target.host import Shell
 from tuner.target.launch import LaunchSpec
-from tuner.target.control.base import LogBuffer, ServiceStatus
+from tuner.target.control.base import LogBuffer, OwnerLock, ServiceStatus
 
 __all__ = ["SystemdControl", "systemd_quote", "render_dropin", "DROPIN_NAME"]
 
@@ -80,6 +82,8 @@ class SystemdControl:
         self._buffer = LogBuffer()
         self._started = False
         self.best_spec: LaunchSpec | None = None  # set by the study when leave_best is on
+        self.owner_path = f"/run/sglang-tuner/{self.unit}.owner"
+        self._lock = OwnerLock(shell, self.owner_path, what=self.description, sudo=True)
 
     # --- helpers -----------------------------------------------------------------------------
 
@@ -127,10 +131,16 @@ class SystemdControl:
 
     # --- interface ---------------------------------------------------------------------------
 
+    def _own(self) -> None:
+        if not self._lock.held and self._lock.acquire():
+            logger.warning("%s: adopting the unit from a tuner that is gone", self.unit)
+
     def prepare(self) -> None:
+        self._own()
         self._original_state()  # checks the unit; reads a killed run's drop-in
 
     def start(self, spec: LaunchSpec) -> None:
+        self._own()
         original = self._original_state()
         self._install(self.dropin, render_dropin(spec, original_state=original, study=self.name))
         self._restart()
@@ -219,6 +229,12 @@ class SystemdControl:
 
     def restore(self) -> None:
         """Remove the drop-in and leave the unit as it was (or running the best configuration)."""
+        if not self._lock.held:
+            return  # refused (another tuner drives the unit) or never prepared: not ours to touch
+        self._restore()  # raising leaves the lock held: a dead owner's unit is adopted later
+        self._lock.release()
+
+    def _restore(self) -> None:
         if self._original is None:
             # Nothing started in this run; still undo a drop-in a killed run left.
             leftover = self._run(f"test -f {shlex.quote(self.dropin)} && echo yes || true", sudo=True, check=False).stdout.strip()
@@ -244,4 +260,8 @@ class SystemdControl:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.restore()
+        try:
+            self.restore()
+        except KeyboardInterrupt:  # a second Ctrl-C / SIGTERM while restoring: finish it
+            self.restore()
+            raise

@@ -1,0 +1,107 @@
+"""ResilientStorage: a locked or away database is waited for, trial writes wait in a journal,
+past the limit one line, and the next run writes the journal back."""
+
+import os
+import sqlite3
+import threading
+import time
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from tuner.errors import ConfigError
+from tuner.results import resilient
+from tuner.results.resilient import ResilientStorage, StorageOutage
+from tuner.results.storage import storage_for_url
+
+
+def _storage(tmp_path, *, outage_s=30.0, heartbeat=None):
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    kwargs = {"heartbeat_interval": heartbeat, "grace_period": heartbeat * 2} if heartbeat else {}
+    inner = optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 0.2}}, **kwargs)
+    return ResilientStorage(inner, url=url, outage_s=outage_s, journal_dir=tmp_path / "journal")
+
+
+def _lock(tmp_path, seconds: float) -> threading.Thread:
+    """Another process's write transaction holding the sqlite file for `seconds`."""
+    held = threading.Event()
+
+    def hold():
+        db = sqlite3.connect(str(tmp_path / "s.db"), isolation_level=None)
+        db.execute("BEGIN EXCLUSIVE")
+        held.set()
+        time.sleep(seconds)
+        db.execute("COMMIT")
+        db.close()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    held.wait()
+    return thread
+
+
+def test_a_locked_store_is_waited_for_and_the_write_goes_through_the_journal(tmp_path):
+    storage = _storage(tmp_path)
+    lines = []
+    storage.notify = lines.append
+    study = optuna.create_study(storage=storage, study_name="s")
+    trial = study.ask()
+    holder = _lock(tmp_path, 2.0)
+    seen_journal = []
+    watcher = threading.Thread(target=lambda: [seen_journal.append(storage.journal.path.exists()) or time.sleep(0.1) for _ in range(10)])
+    watcher.start()
+    trial.set_user_attr("single_tps", 123.0)
+    study.tell(trial, [1.0])
+    holder.join()
+    watcher.join()
+    assert any(seen_journal), "the write should have waited in the journal"
+    assert not storage.journal.path.exists()
+    (done,) = study.trials
+    assert done.state == TrialState.COMPLETE and done.user_attrs["single_tps"] == 123.0 and done.values == [1.0]
+    assert lines and "waiting for the study's database sqlite:///" in lines[0]
+
+
+def test_past_the_limit_one_line_and_the_next_run_writes_the_journal_back(tmp_path):
+    storage = _storage(tmp_path, outage_s=1.0)
+    study = optuna.create_study(storage=storage, study_name="s")
+    trial = study.ask()
+    holder = _lock(tmp_path, 3.0)
+    with pytest.raises(StorageOutage, match=r"sqlite:///.*s\.db did not answer for 1 s .*1 trial write\(s\) wait in"):
+        trial.set_user_attr("single_tps", 7.0)
+    with pytest.raises(StorageOutage):  # gave up: everything after fails at once
+        study.tell(trial, [1.0])
+    holder.join()
+    # The journal of a tuner that is gone (a pid no process has).
+    dead = storage.journal.path.with_name(storage.journal.path.name.replace(f".{os.getpid()}.", ".999999999."))
+    storage.journal.path.rename(dead)
+    nxt = optuna.load_study(study_name="s", storage=_storage(tmp_path))
+    warnings = []
+    assert resilient.settle(nxt, warnings.append) == 1
+    assert nxt.trials[0].user_attrs["single_tps"] == 7.0 and not dead.exists()
+    assert "wrote back 1 trial write(s)" in warnings[0]
+
+
+def test_heartbeats_never_fail_a_trial_and_no_trial_is_stale_right_after_an_outage(tmp_path):
+    storage = _storage(tmp_path, heartbeat=1)
+    study = optuna.create_study(storage=storage, study_name="s")
+    trial = study.ask()
+    storage.record_heartbeat(trial._trial_id)
+    holder = _lock(tmp_path, 0.5)
+    storage.record_heartbeat(trial._trial_id)  # fails quietly: no exception reaches the trial
+    holder.join()
+    assert storage.last_failure > float("-inf")
+    deadline = time.monotonic() + 6  # past the grace period (the store's clock has whole seconds)
+    while storage.inner._get_stale_trial_ids(study._study_id) != [trial._trial_id]:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    storage.last_failure = time.monotonic()  # an outage just ended: heartbeats resume first
+    assert storage._get_stale_trial_ids(study._study_id) == []
+    storage.last_failure = float("-inf")
+    assert storage._get_stale_trial_ids(study._study_id) == [trial._trial_id]
+
+
+def test_a_damaged_store_is_one_line(tmp_path):
+    (tmp_path / "bad.db").write_bytes(b"this is not a database at all" * 100)
+    with pytest.raises(ConfigError, match=r"bad\.db.*(not a database|damaged)"):
+        storage_for_url(f"sqlite:///{tmp_path / 'bad.db'}")
