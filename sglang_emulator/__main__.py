@@ -50,14 +50,6 @@ from .args import Resolved, model_not_found, parse_args, resolve
 from .profiles import find_profile
 
 DATEFMT = "%Y-%m-%d %H:%M:%S"
-CUDA_GRAPH_CAPTURE_FAILED_MSG = (
-    "Possible solutions:\n"
-    "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)\n"
-    "2. set --cuda-graph-max-bs-decode to a smaller value (e.g., 16)\n"
-    "3. disable decode CUDA graph by --cuda-graph-backend-decode=disabled. "
-    "(Not recommended. Huge performance loss)\n"
-    "Open an issue on GitHub https://github.com/sgl-project/sglang/issues/new/choose \n"
-)
 
 logger = logging.getLogger("sglang.launch_server")
 sched_logger = logging.getLogger("sglang.srt.managers.scheduler")
@@ -234,7 +226,7 @@ def _run_scheduler(resolved: Resolved, write_fd: int, parent: int, load_scale: f
         if spec.enabled and spec.topk > 1 and spec.draft_tokens - 1 > m.tree_pool_size(spec.steps, spec.topk):
             # organize_draft_results: torch.topk(score_list, num_draft_token - 1) over a pool of
             # topk + (steps - 1) * topk^2 candidates.
-            raise Exception(f"Capture cuda graph failed: selected index k out of range\n{CUDA_GRAPH_CAPTURE_FAILED_MSG}")
+            raise Exception(f"Capture cuda graph failed: selected index k out of range\n{failures.CUDA_GRAPH_CAPTURE_FAILED_MSG}")
         if plan_error is not None:
             oom = failures.graph_oom(plan_error, tp=resolved.tp, version=resolved.version, gpu_gib=gpu_gib)
             if oom.runner in ("draft_decode", "draft_extend"):

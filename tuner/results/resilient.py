@@ -35,6 +35,7 @@ from optuna.trial import TrialState
 from sqlalchemy import exc as sa_exc
 
 from tuner.errors import TunerError
+from tuner.target.control.base import pid_alive
 from tuner.results.optuna_private import HeartbeatForwarding, storage_of
 
 __all__ = ["ResilientStorage", "StorageOutage", "settle", "watch", "reraise_outage", "redacted_url"]
@@ -323,7 +324,7 @@ def settle(study: optuna.Study, warn: Callable[[str], None]) -> int:
     written = 0
     for path in sorted(storage.journal_dir.glob(f"{_url_key(storage.url)}.*.jsonl")):
         pid = path.name.split(".")[1]
-        if pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and pid_alive(int(pid)):
             continue  # a live tuner's own journal
         journal = Journal(path)
         count = len(journal.entries())
@@ -339,16 +340,6 @@ def _settle_one(storage: ResilientStorage, journal: Journal) -> None:
         _apply(storage.inner, entries[0])
         entries = entries[1:]
         journal.keep(entries)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def reraise_outage(study: optuna.Study) -> None:

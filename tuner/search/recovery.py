@@ -15,19 +15,10 @@ from typing import Callable
 import optuna
 
 from tuner.results import record
+from tuner.target.control.base import pid_alive
 from tuner.results.optuna_private import heartbeat_stale_trial_ids, storage_of, trial_id_of
 
-__all__ = ["recover_stale_trials", "pid_alive"]
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+__all__ = ["recover_stale_trials"]
 
 
 def _why_stale(t: optuna.trial.FrozenTrial, trial_id: int, stale: set[int]) -> str | None:

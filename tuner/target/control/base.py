@@ -100,6 +100,17 @@ def _start_time(pid: int) -> str:
 TUNER_ID = f"{socket.gethostname()}:{os.getpid()}:{_start_time(os.getpid())}"  # this tuner process
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists on this machine (another user's process counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _owner_alive(owner: str) -> bool:
     """Whether the tuner named `host:pid:start` still runs.  A tuner on another machine cannot
     be checked from here, so it counts as alive (the refusal says how to clear it)."""
@@ -107,13 +118,7 @@ def _owner_alive(owner: str) -> bool:
     pid, _, start = rest.partition(":")
     if host != socket.gethostname() or not pid.isdigit():
         return host != socket.gethostname()
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return _start_time(int(pid)) == start or start == ""
+    return pid_alive(int(pid)) and (_start_time(int(pid)) == start or start == "")
 
 
 class OwnerLock:
