@@ -24,7 +24,7 @@ from tuner.errors import ConfigError
 
 __all__ = ["make_sampler", "SAMPLERS", "constraints_func", "MemoryEdgeSampler"]
 
-SAMPLERS = ("auto", "tpe", "nsga2", "random")
+SAMPLERS = ("auto", "model", "tpe", "nsga2", "random")
 
 
 def constraints_func(constraints: ConstraintsConfig):
@@ -47,6 +47,11 @@ def make_sampler(name: str, seed: int | None, *, n_objectives: int, constraints:
     tpe = optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=6, constant_liar=True, constraints_func=cfunc)
     if name == "auto":
         return MemoryEdgeSampler(tpe, seed=seed)
+    if name == "model":
+        from tuner.search.model_sampler import ModelSampler
+
+        usable = "SLO constraints are set (it does not predict latencies)" if cfunc is not None else None
+        return ModelSampler(MemoryEdgeSampler(tpe, seed=seed), seed=seed, usable=usable)
     if name == "tpe":
         return tpe
     if name == "nsga2":
