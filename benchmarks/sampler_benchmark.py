@@ -518,6 +518,7 @@ def _server_attrs(lands: Landscape, e: L.Expectation, p: Params, seed: int) -> d
     return {
         "max_total_num_tokens": e.max_total_num_tokens,
         "max_running_requests": e.max_running_requests,
+        "declared_max_running_requests": 48,  # what landscape.expect asks for under speculation
         "accept_length": round(e.accept_length * (1 + rng.normal(0, 0.005)), 4),
         "accept_histogram": [int(x) for x in hist],
         "request_tokens": lands.spec.request_tokens,

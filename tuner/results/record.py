@@ -20,7 +20,7 @@ __all__ = [
     "MAX_TOTAL_NUM_TOKENS", "MAX_RUNNING_REQUESTS", "ACCEPT_LENGTH", "TTFT_MS", "STARTUP_S",
     "SGLANG_VERSION", "ACCELERATOR", "GPU_COUNT", "SERVER_MEM_FRACTION_STATIC", "HYPERVOLUME",
     "ATTENTION_BACKEND", "PAGE_SIZE", "SPECULATIVE_ADAPTIVE", "ARCHITECTURE", "DP_RANKS", "ACCEPT_LENGTH_SOURCE",
-    "SERVER_ACCEPT_LENGTH", "ACCEPT_HISTOGRAM", "REQUEST_TOKENS", "MEMORY_USAGE", "MODEL_PREDICTION", "MODEL_NOTE", "THINKING_TOKENS", "DUPLICATE_OF", "RULED_OUT_BY", "RETRY_OF", "WARM_START", "BASELINE", "CONSTRAINTS",
+    "SERVER_ACCEPT_LENGTH", "DECLARED_MAX_RUNNING", "ACCEPT_HISTOGRAM", "REQUEST_TOKENS", "MEMORY_USAGE", "MODEL_PREDICTION", "MODEL_NOTE", "THINKING_TOKENS", "DUPLICATE_OF", "RULED_OUT_BY", "RETRY_OF", "WARM_START", "BASELINE", "CONSTRAINTS",
     "SERVER_LOG_ARTIFACT", "SINGLE_TPS_SPREAD", "SINGLE_TPS_CI95", "INTERRUPTED", "SCHEDULE",
     "params_of", "record_launch", "record_server", "record_measurement", "record_failure", "SETTLED_COPY_SKIPS",
 ]
@@ -43,6 +43,7 @@ SCHEDULE = "schedule"
 STARTUP_S = "startup_s"
 MAX_TOTAL_NUM_TOKENS = "max_total_num_tokens"  # contract
 MAX_RUNNING_REQUESTS = "max_running_requests"  # contract: the effective value
+DECLARED_MAX_RUNNING = "declared_max_running_requests"  # the server's argument (48 under speculation)
 SGLANG_VERSION = "sglang_version"
 ACCELERATOR = "accelerator"
 GPU_COUNT = "gpu_count"
@@ -120,6 +121,8 @@ def record_server(trial, info: ServerInfo, startup_s: float) -> None:
                        (SPECULATIVE_ADAPTIVE, info.speculative_adaptive), (ARCHITECTURE, info.architecture)):
         if value is not None:
             trial.set_user_attr(key, value)
+    if info.args.get("max_running_requests") is not None:
+        trial.set_user_attr(DECLARED_MAX_RUNNING, info.args.get("max_running_requests"))
     usage = memory_usage(info.args)
     if usage:
         trial.set_user_attr(MEMORY_USAGE, usage)

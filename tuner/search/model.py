@@ -48,6 +48,7 @@ __all__ = ["Shape", "Launch", "launches", "reach_from_histogram", "pooled_depth_
 
 _KNEES = (32.0, 64.0, 128.0, 192.0, 256.0, 384.0, 512.0, 768.0, 1024.0, 2048.0, 1e9)
 _MEM_FAILURES = ("memory_graph", "memory_runtime")
+_TIME_PRIOR = 0.3  # weight of the "step time does not depend on the shape" prior, per slope
 
 
 @dataclass(frozen=True)
@@ -282,10 +283,14 @@ def _fit_time(ls: list[Launch], level_of) -> StepTime | None:
     best = None
     for knee in _KNEES:
         X = _time_features(a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4], a[:, 5], knee)
-        w = 1 / y  # relative errors
-        coef, _ = nnls(X * w[:, None], y * w)
-        # A touch of ridge toward "nothing grows": among equal fits prefer the smaller slopes.
-        loss = float(np.sum(((X @ coef - y) / y) ** 2)) + 1e-6 * float(np.sum(coef[1:] ** 2))
+        Xw = X / y[:, None]  # relative errors
+        # Ridge rows pull every slope (not the constant) toward zero: with a launch or two the
+        # step time is mostly the weights' streaming, the same for every shape; the data
+        # overrule the prior as launches accumulate.
+        scale = np.abs(Xw).mean(axis=0)
+        prior = np.diag(np.r_[0.0, _TIME_PRIOR * scale[1:]])
+        coef, _ = nnls(np.vstack([Xw, prior]), np.r_[np.ones(len(y)), np.zeros(len(scale))])
+        loss = float(np.sum(((X @ coef - y) / y) ** 2))
         if best is None or loss < best[0]:
             best = (loss, knee, coef)
     loss, knee, coef = best
@@ -315,8 +320,8 @@ def _graph_features(shape_steps, topk, draft, bs):
 @dataclass
 class Memory:
     pre: float  # GiB the static fraction is taken of (pre-load memory)
-    tokens_per_gib: float
-    kv_coef: np.ndarray  # KV GiB = pre x mfs - coef[0] - coef[1] x draft
+    fixed: float  # GiB of the static pool that is not KV: weights
+    cell: np.ndarray  # GiB per KV token = cell[0] + cell[1] x draft (hybrids keep per-draft-token state per slot)
     running_cap: float
     running_per_token: float  # hybrid models: request slots grow with the pool
     graph_coef: np.ndarray
@@ -326,10 +331,11 @@ class Memory:
     spread: float  # GiB std of a graph-need prediction for measured-like shapes
     seen_topk: set
     max_draft: dict
+    drafts: tuple = ()  # draft tokens of the launches the KV line was fitted on
 
     def kv_tokens(self, mfs, draft) -> np.ndarray:
-        gib = self.pre * np.asarray(mfs) - self.kv_coef[0] - self.kv_coef[1] * np.asarray(draft)
-        return np.maximum(gib, 0.0) * self.tokens_per_gib
+        gib = self.pre * np.asarray(mfs) - self.fixed
+        return np.floor(np.maximum(gib, 0.0) / (self.cell[0] + self.cell[1] * np.asarray(draft)))
 
     def running(self, tokens) -> np.ndarray:
         return np.minimum(self.running_cap, np.floor(np.asarray(tokens) * self.running_per_token))
@@ -356,24 +362,30 @@ def _fit_memory(ls: list[Launch]) -> Memory | None:
     if not ok:
         return None
     mu = [x.memory for x in ok]
+    # The static pool is mfs x pre-load memory: weights, then the KV pool (for hybrids also the
+    # recurrent state of each request slot and its per-draft-token intermediate state, so the
+    # GiB per KV token grows with draft tokens: a line fitted once two drafts were launched).
     pre = float(np.median([(m.get("weight", 0.0) + m["kvcache"]) / x.mfs for m, x in zip(mu, ok)]))
-    tpg = float(np.median([m["token_capacity"] / m["kvcache"] for m in mu]))
-    # KV line: pre x mfs - tokens / tpg = c0 + c1 x draft (c1: per-draft-token state of hybrids).
-    r = np.array([pre * x.mfs - m["token_capacity"] / tpg for m, x in zip(mu, ok)])
+    fixed = float(np.median([pre * x.mfs - m["kvcache"] for m, x in zip(mu, ok)]))
+    per_token = np.array([m["kvcache"] / m["token_capacity"] for m in mu])
     drafts = np.array([x.shape.draft for x in ok], dtype=float)
-    kv_coef = np.array([float(np.mean(r)), 0.0])
+    cell = np.array([float(np.median(per_token)), 0.0])
     if np.ptp(drafts) > 0:
-        kv_coef, _ = nnls(np.stack([np.ones_like(drafts), drafts], axis=1), r)
+        cell, _ = nnls(np.stack([np.ones_like(drafts), drafts], axis=1), per_token)
     running = [float(x.attrs.get(record.MAX_RUNNING_REQUESTS) or 0) for x in ok]
-    cap = max(running)
+    # The declared --max-running-requests (48 under speculation); below it the pool decides
+    # (tokens // 2, or a hybrid model's state slots, which grow with the pool like its tokens).
+    declared = [float(x.attrs.get(record.DECLARED_MAX_RUNNING) or 0) for x in ok]
+    cap = max(declared) if all(declared) else max(running)
     capped = [run / m["token_capacity"] for run, m in zip(running, mu) if run < cap]
-    per_token = float(np.median(capped)) if capped else 1e9
+    slots = float(np.median(capped)) if capped else 1e9
     rows = [(x.shape.steps, x.shape.topk, x.shape.draft, run, sum((m.get("graph") or {}).values()))
             for x, m, run in zip(ok, mu, running)]
     coef, spread = _fit_graphs(rows)
     others = [pre * (1 - x.mfs) - g[4] - (m.get("startup_available") or 0.0) for x, m, g in zip(ok, mu, rows)]
-    mem = Memory(pre, tpg, kv_coef, cap, per_token, coef, float(np.median(others)), 0.0, 0.0, spread + 0.05,
+    mem = Memory(pre, fixed, cell, cap, slots, coef, float(np.median(others)), 0.0, 0.0, spread + 0.05,
                  {x.shape.topk for x in ok}, {})
+    mem.drafts = tuple(sorted({x.shape.draft for x in ok}))
     for x in ok:
         mem.max_draft[x.shape.topk] = max(mem.max_draft.get(x.shape.topk, 0), x.shape.draft)
     _fit_threshold(mem, ok, [x for x in ls if x.state in _MEM_FAILURES], rows)
@@ -461,12 +473,20 @@ class Model:
         novelty = self._novelty(steps, topk, draft)
         base = math.hypot(self.acceptance.spread, self.time.spread) + 0.02
         sd_speed = base + 0.15 * novelty
-        sd = np.stack([sd_speed, sd_speed, 0.01 + 0.02 * novelty], axis=1)
+        sd = np.stack([sd_speed, sd_speed, 0.01 + 0.02 * novelty + self._kv_novelty(draft)], axis=1)
         margin = m.margin(steps, topk, draft, mfs, np.maximum(running, 1))
         graph = m.graphs(steps, topk, draft, np.maximum(running, 1))
         sd_margin = np.sqrt(m.theta_sd ** 2 + m.spread ** 2 + (0.3 * novelty * graph) ** 2)
         p_start = norm.cdf(margin / sd_margin) * (tokens > 0) * (running >= 1)
         return Prediction(single, concurrent, capacity, accept, sd, p_start)
+
+    def _kv_novelty(self, draft) -> np.ndarray:
+        """Until launches with two draft-token counts fix the per-draft-token state (hybrid
+        models), capacity away from the measured count is uncertain."""
+        if len(self.memory.drafts) >= 2:
+            return np.zeros(len(draft))
+        d0 = self.memory.drafts[0]
+        return 0.3 * np.minimum(1.0, np.abs(np.asarray(draft, dtype=float) - d0) / np.maximum(np.asarray(draft, dtype=float), d0))
 
     def _novelty(self, steps, topk, draft) -> np.ndarray:
         """0 for shapes like measured ones; up to 1 for an unseen topk or far extrapolation."""

@@ -197,7 +197,8 @@ class ModelSampler(optuna.samplers.BaseSampler):
                                      f"mem fraction {mfs:g} for a safe start)")
 
     def _best(self, trials, model: M.Model, names: list[str], shapes, mfs_values) -> Decision:
-        cand = np.array([(*s, m) for s in shapes for m in mfs_values], dtype=float)
+        # Highest fraction first: among equal gains argmax keeps the larger KV pool.
+        cand = np.array([(*s, m) for s in shapes for m in reversed(mfs_values)], dtype=float)
         pred = model.predict(cand[:, 0].astype(int), cand[:, 1].astype(int), cand[:, 2].astype(int), cand[:, 3])
         allowed = (pred.p_start >= self._min_p) & ~_excluded(cand, trials)
         if not allowed.any():
