@@ -194,3 +194,17 @@ def test_expected_hv_gain_matches_the_box_volume():
     assert gain[0] == pytest.approx(1 - 0.125, abs=0.02)
     assert gain[1] == pytest.approx(0.0, abs=1e-9)
     assert gain[2] == pytest.approx(0.125, abs=0.02)
+
+
+def test_predicted_front_lists_unlaunched_configurations_with_intervals():
+    from tuner.search.model_sampler import predicted_front
+
+    study = _study(_sampler())
+    for _ in range(6):
+        _run_one(study)
+    header, rows, note = predicted_front(study, SPACE, Params())
+    assert header[-1] == "P(start)" and rows and note.startswith("model fitted on")
+    launched = {tuple(str(v) for v in (t.params.get("speculative_num_steps"),)) for t in study.trials}
+    assert len({tuple(r[:3]) for r in rows}) == len(rows)  # one row per shape
+    mid, lo, hi = (float(x) for x in rows[0][4].replace("[", "").replace("]", "").replace(",", "").split())
+    assert lo <= mid <= hi and launched

@@ -266,3 +266,41 @@ def _excluded(cand: np.ndarray, trials: list[FrozenTrial]) -> np.ndarray:
         elif kind == "memory_kv":
             out |= (cand[:, 3] <= c[3] + 1e-9) & (cand[:, 2] >= c[2])
     return out
+
+
+def predicted_front(study: optuna.Study, space, base, *, near: float = 0.02, limit: int = 10) -> tuple[list[str], list[list[str]], str]:
+    """Configurations never launched that the study's model expects on the measured front or
+    within `near` of it (likely to start: P >= 0.5), with 90% intervals: (header, rows, note)."""
+    names = list(study.metric_names or [])
+    trials = study.get_trials(deepcopy=False)
+    if not names or not set(names) <= set(PREDICTED) or space.mem_fraction_static is None:
+        return [], [], "the model predicts only single_tps, concurrent_tps and capacity over a searched mem fraction"
+    model, why = M.fit(trials, names)
+    if model is None:
+        return [], [], f"no model: {why}"
+    sampler = ModelSampler(optuna.samplers.RandomSampler())
+    sampler.bind_space(space, base)
+    shapes, mfs = sampler._candidates({})
+    cand = np.array([(*s, m) for s in shapes for m in mfs], dtype=float)
+    pred = model.predict(cand[:, 0].astype(int), cand[:, 1].astype(int), cand[:, 2].astype(int), cand[:, 3])
+    cols = [PREDICTED.index(n) for n in names]
+    mids = np.stack([pred.single, pred.concurrent, pred.capacity], axis=1)[:, cols]
+    measured = np.array([t.values for t in trials if t.state == TrialState.COMPLETE and t.values], dtype=float).reshape(-1, len(names))
+    launched = {c for t in trials if (c := _config(t)) is not None}
+    keys = [tuple(int(x) for x in row[:3]) + (round(float(row[3]), 6),) for row in cand]
+    rows, shown = [], set()
+    for i in np.lexsort((-cand[:, 3], -mids[:, 0])):  # fastest first; per shape its highest fraction
+        if pred.p_start[i] < 0.5 or keys[i] in launched or keys[i][:3] in shown:
+            continue
+        if np.any(np.all(measured >= mids[i] * (1 + near), axis=1)):
+            continue  # clearly dominated by a measured trial
+        if any(np.all(mids[j] >= mids[i]) and np.any(mids[j] > mids[i]) for j in np.flatnonzero(pred.p_start >= 0.5)):
+            continue  # dominated by another prediction
+        iv = pred.interval(int(i))
+        shown.add(keys[i][:3])
+        rows.append([str(keys[i][0]), str(keys[i][1]), str(keys[i][2]), f"{keys[i][3]:g}",
+                     *(f"{iv[n][1]:g} [{iv[n][0]:g}, {iv[n][2]:g}]" for n in names), f"{iv['p_start']:.2f}"])
+        if len(rows) >= limit:
+            break
+    header = ["steps", "topk", "draft", "mem", *names, "P(start)"]
+    return header, rows, f"model {why}, throughput fit error {model.fit_error:.1%}"

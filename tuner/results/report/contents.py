@@ -67,6 +67,10 @@ class Report:
     failures: Table
     plots: list[Plot] = field(default_factory=list)
     generated: str = ""
+    # Configurations never launched that the model sampler's model expects on or near the
+    # front (tuner/search/model_sampler.py · predicted_front), set by tuner.report.
+    predicted: Table | None = None
+    predicted_note: str = ""
 
 
 # --- reading trials -------------------------------------------------------------------------
