@@ -9,6 +9,9 @@ of the exhaustive front's hypervolume over 20 seeds; plain TPE 81% / 96%, random
 where it matters: alone it reaches 62% / 93% (it keeps proposing shapes that an earlier memory
 failure rules out, half the budget on the Qwen profile), and inside MemoryEdgeSampler 96% / 95%,
 below the default on the larger 8B space and on three of four perturbed landscapes.
+"model" (tuner/search/model_sampler.py) fits a physical model of the landscape after every
+launch and proposes the largest expected hypervolume gain; it falls back to "auto" where it
+cannot fit (benchmarks/results/sampler_benchmark_model.md).
 """
 
 from __future__ import annotations
