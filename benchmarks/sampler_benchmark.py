@@ -69,7 +69,7 @@ import optuna  # noqa: E402
 from optuna.trial import TrialState  # noqa: E402
 
 from tuner.search import history  # noqa: E402
-from tuner.search.samplers import MemoryEdgeSampler  # noqa: E402
+from tuner.search.samplers import MemoryEdgeSampler, make_sampler  # noqa: E402
 from tuner.config import SpaceConfig, load_config  # noqa: E402
 from sglang_emulator import family as F  # noqa: E402
 from sglang_emulator import landscape as L  # noqa: E402
@@ -79,7 +79,7 @@ from tuner.search.space import grid, suggest  # noqa: E402
 from tuner.sglang_args import Params  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
-BUDGETS = (10, 20, 40)
+BUDGETS = (10, 20, 40)  # --budgets replaces it (20 is always kept: the bar is checked there)
 NOISE = 0.015  # relative std of a throughput measurement
 TARGET = 0.95  # the acceptance bar: >= 95% of the exhaustive HV at 20 trials
 OBJECTIVES = ("single_tps", "concurrent_tps", "capacity")
@@ -461,6 +461,8 @@ CANDIDATES = [
     Candidate("edge(tpe-mv-s6) +warm full", _edge(_tpe(multivariate=True, n_startup_trials=6, constant_liar=True)),
               warm_start="full",
               code=f"MemoryEdgeSampler({_RECOMMENDED}, seed=seed) + enqueue SGLang's default incl. its mem fraction"),
+    Candidate("model (--sampler model)", lambda s: make_sampler("model", s, n_objectives=3), warm_start="shape",
+              code="make_sampler('model', seed): ModelSampler(MemoryEdgeSampler(TPE)) + enqueue SGLang's default shape"),
     Candidate("edge(tpe-mv-s6), no warm start", _edge(_tpe(multivariate=True, n_startup_trials=6, constant_liar=True)),
               code=f"MemoryEdgeSampler({_RECOMMENDED}, seed=seed)"),
 ]
@@ -478,6 +480,56 @@ def _measure(e: L.Expectation, p: Params, seed: int) -> list[float]:
     return [single * (1 + z[0]), concurrent * (1 + z[1]), capacity]
 
 
+def _depth_distribution(lands: Landscape, p: Params) -> list[float]:
+    """P(a verify step accepts exactly k drafts), k = 0..steps, over the prompt mix (the same
+    quantiles of the per-prompt shift that landscape.expect averages)."""
+    prof, spec = lands.profile, M.SpecShape(lands.spec.algorithm, p.speculative_num_steps, p.speculative_eagle_topk or 1,
+                                             p.speculative_num_draft_tokens or p.speculative_num_steps + 1)
+    spread = prof.acceptance.prompt_spread
+    exact = np.zeros(spec.steps + 1)
+    for z in L._SHIFT_QUANTILES:
+        qs = M.depth_acceptance(prof.acceptance, steps=spec.steps, temperature=lands.workload.temperature,
+                                prompt_shift=z * spread)
+        reach = M.accept_length_distribution(qs, topk=spec.topk, draft_tokens=spec.draft_tokens,
+                                             second_share=prof.acceptance.second_share)
+        reach = [1.0] + list(reach) + [0.0] * (spec.steps + 1 - len(reach))
+        exact += [reach[k] - reach[k + 1] for k in range(spec.steps + 1)]
+    return list(exact / len(L._SHIFT_QUANTILES))
+
+
+PROBE_STEPS = 150  # verify steps the depth probe sees: a few prompts of max_tokens 128
+
+
+def _server_attrs(lands: Landscape, e: L.Expectation, p: Params, seed: int) -> dict[str, Any]:
+    """The user attrs a real trial records besides its values (tuner/results/record.py), as the
+    emulator's server would report them: KV tokens, running requests, accept length, the depth
+    probe's histogram (multinomial over PROBE_STEPS verify steps), `memory_usage`, the level."""
+    prof = lands.profile
+    chunk, max_bs = M.default_graph_settings(prof.gpu.total_mib, prof.reference_tp)
+    spec = M.SpecShape(lands.spec.algorithm, p.speculative_num_steps, p.speculative_eagle_topk or 1,
+                       p.speculative_num_draft_tokens or p.speculative_num_steps + 1)
+    plan = M.size_memory(prof, tp=prof.reference_tp, dp=1, mem_fraction_static=p.mem_fraction_static, spec=spec,
+                         max_running_requests=48, max_total_tokens=None, chunked_prefill_size=chunk,
+                         cuda_graph_max_bs=min(max_bs, 48))
+    k = _key(p)
+    rng = np.random.default_rng([seed, 104729, k[0] or 0, k[1] or 0, k[2] or 0, int(round((k[3] or 0) * 1e4))])
+    dist = np.clip(_depth_distribution(lands, p), 0, None)
+    hist = rng.multinomial(PROBE_STEPS, dist / dist.sum())
+    return {
+        "max_total_num_tokens": e.max_total_num_tokens,
+        "max_running_requests": e.max_running_requests,
+        "declared_max_running_requests": 48,  # what landscape.expect asks for under speculation
+        "accept_length": round(e.accept_length * (1 + rng.normal(0, 0.005)), 4),
+        "accept_histogram": [int(x) for x in hist],
+        "request_tokens": lands.spec.request_tokens,
+        "concurrent_tps_by_level": {str(lands.spec.concurrency): 0.0},  # the level (its value is the objective)
+        "memory_usage": {"weight": round(plan.weights_gib, 2), "kvcache": round(plan.kv_gib + plan.mamba_gib, 2),
+                         "startup_available": round(plan.available_after_capture_gib, 2),
+                         "token_capacity": plan.max_total_num_tokens,
+                         "graph": {name: round(v, 2) for name, v in plan.graph_gib.items()}},
+    }
+
+
 def _check(params: Params, study: optuna.Study, number: int) -> history.Verdict | None:
     """history.check as tuner/study.py calls it (older history.py: finished trials only)."""
     if hasattr(history, "relevant"):
@@ -488,13 +540,15 @@ def _check(params: Params, study: optuna.Study, number: int) -> history.Verdict 
     return verdict if verdict is None or verdict.kind in ("duplicate", "ruled_out") else None
 
 
-def simulate(landscape_name: str, candidate_name: str, seed: int, n_trials: int = max(BUDGETS)) -> dict[str, Any]:
+def simulate(landscape_name: str, candidate_name: str, seed: int, n_trials: int | None = None) -> dict[str, Any]:
     warnings.filterwarnings("ignore")
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     lands = landscape(landscape_name)
     cand = next(c for c in CANDIDATES if c.name == candidate_name)
     t0 = time.perf_counter()
+    n_trials = n_trials or max(BUDGETS)
     study = optuna.create_study(directions=["maximize"] * 3, sampler=cand.make(seed))
+    study.set_metric_names(list(OBJECTIVES))
     if cand.warm_start:
         warm = dict(lands.warm_start)
         if cand.warm_start.startswith("shape"):
@@ -533,6 +587,8 @@ def simulate(landscape_name: str, candidate_name: str, seed: int, n_trials: int 
                 study.tell(trial, state=TrialState.PRUNED)
                 counts[kind] += 1
             else:
+                for key, value in _server_attrs(lands, e, params, seed).items():
+                    trial.set_user_attr(key, value)
                 study.tell(trial, _measure(e, params, seed))
                 true_points.append(np.asarray(e.values()) / lands.scale)
         if number + 1 in BUDGETS:
@@ -723,11 +779,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="also evaluate on N landscapes drawn by sglang_emulator.family.draw_profile (seeds "
                          "--family-first .. +N-1) and report their mean and WORST; `--landscapes none --family N` "
                          "runs the family alone")
+    ap.add_argument("--budgets", help="comma-separated trial budgets to score (default 10,20,40; 20 is always added)")
     ap.add_argument("--family-first", type=int, default=0, help="first family seed (default 0)")
     ap.add_argument("--out", help="output path without extension (default benchmarks/results/sampler_benchmark, "
                                   "_quick with --quick, _family with --family)")
     args = ap.parse_args(argv)
     seeds = 3 if args.quick else args.seeds
+    if args.budgets:
+        global BUDGETS
+        BUDGETS = tuple(sorted({int(b) for b in args.budgets.split(",")} | {20}))
     if args.out is None:
         stem = "sampler_benchmark" + ("_family" if args.family else "") + ("_quick" if args.quick else "")
         args.out = str(RESULTS / stem)

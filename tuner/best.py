@@ -114,11 +114,27 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"# /etc/systemd/system/{config.target.unit or '<unit>'}.service.d/{APPLIED_NAME}")
             print(render_dropin(launch_spec(config.server, params), original_state=None, study=config.study.name), end="")
+        _print_predicted(study, config)
         if args.apply:
             _apply(config, params)
         return 0
 
     return guarded(body, launch_prefix="the applied configuration did not come up: ")
+
+
+def _print_predicted(study: optuna.Study, config) -> None:
+    """To stderr: configurations never launched that the model expects on or near the front."""
+    from tuner.search.model_sampler import predicted_front
+
+    try:
+        header, rows, note = predicted_front(study, config.space, config.server.command_line.params())
+    except Exception:  # a convenience: never in the way of the pick
+        return
+    if rows:
+        print(f"# predicted, not launched ({note}); medians [90% interval]:", file=sys.stderr)
+        print("#   " + "  ".join(header), file=sys.stderr)
+        for row in rows:
+            print("#   " + "  ".join(row), file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         config = apply_overrides(load_config(args.config), study_name=args.study_name, storage=args.storage)
         study = load_existing_study(config)
         report = build(study, sampler=config.study.sampler, target=f"{config.target.host} ({config.target.manager}), {config.target.url}")
+        _add_predicted(report, study, config)
         out = Path(args.out) if args.out else default_out(config)
         paths = [write_html(report, out / "report.html"), *write_markdown(report, out / "report.md")]
     except TunerError as exc:
@@ -55,6 +56,19 @@ def main(argv: list[str] | None = None) -> int:
     for path in paths:
         print(path)
     return 0
+
+
+def _add_predicted(report: Report, study: optuna.Study, config: Config) -> None:
+    """The model's predicted front beside the measured one (tuner/search/model_sampler.py)."""
+    from tuner.results.report import Table
+    from tuner.search.model_sampler import predicted_front
+
+    try:
+        header, rows, note = predicted_front(study, config.space, config.server.command_line.params())
+    except Exception as exc:  # a convenience: it must never cost the report
+        header, rows, note = [], [], f"not available: {exc}"
+    if header:
+        report.predicted, report.predicted_note = Table(header, rows), note
 
 
 if __name__ == "__main__":

@@ -69,3 +69,20 @@ def test_best_prints_and_applies_the_pick(tmp_path):
     finally:
         # `--apply` leaves the pick running, as an operator wants; the test stops it.
         assert stop_servers_left_in(tmp_path / "work"), "the applied server's pid file should name a running group"
+
+
+def test_model_sampler_study_on_the_emulator(tmp_path):
+    """`--sampler model` end to end: the trials record what the model fits on (the depth probe's
+    histogram, the server's memory_usage) and why each configuration was chosen."""
+    config = write_config(tmp_path, command_flags="--speculative-algorithm NEXTN",
+                          space="speculative_num_steps = { low = 1, high = 4 }\nspeculative_eagle_topk = { choices = [1, 2] }\n"
+                                "mem_fraction_static = { low = 0.80, high = 0.92, step = 0.01 }")
+    result = run_cli("--trials", "3", "--config", str(config), "--sampler", "model")
+    assert result.returncode == 0, result.stderr
+    study = optuna.load_study(study_name="t", storage=f"sqlite:///{tmp_path / 't.db'}")
+    done = [t for t in study.trials if t.state == TrialState.COMPLETE and t.user_attrs.get("duplicate_of") is None]
+    assert done, [t.user_attrs.get("fail_reason") for t in study.trials]
+    first = done[0].user_attrs
+    assert sum(first["accept_histogram"]) > 10 and first["memory_usage"]["token_capacity"] == first["max_total_num_tokens"]
+    assert all(t.user_attrs.get("model_note") for t in study.trials)
+    assert any(t.user_attrs.get("model_note", "").startswith("model: largest expected") for t in study.trials[1:])

@@ -26,10 +26,11 @@ clock, and a request that is all thinking counts (row 7).
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import httpx
@@ -122,6 +123,10 @@ class Measurement:
     server_accept_length: float | None = None  # avg_spec_accept_length: a cross-check only
     accept_length_source: str = "unknown"  # "sglext" | "generate" | "no speculation" | "unknown"
     thinking_tokens: int | None = None  # completion tokens that were thinking (usage.reasoning_tokens)
+    # Verify steps by tokens they produced: accept_histogram[k] = steps that accepted k drafts
+    # (1 + k tokens), from the depth probe (`depth_histogram`); None without speculation or
+    # when the server streams no per-step counts.  What tuner/search/model.py fits acceptance on.
+    accept_histogram: tuple[int, ...] | None = None
 
     @property
     def capacity(self) -> int:
@@ -341,6 +346,31 @@ class _Runner:
         meta = res.json().get("meta_info") or {}
         return int(meta.get("completion_tokens") or 0), meta.get("spec_verify_ct")
 
+    async def generate_steps(self, prompt: Prompt, max_tokens: int) -> list[int]:
+        """One streaming native `/generate` request: the tokens each chunk added (cumulative
+        `meta_info.completion_tokens`, differenced).  SGLang streams once per decode iteration
+        (stream_interval 1), so after the first chunk (the prefill's token) each delta is one
+        verify step's 1 + accepted drafts; the last chunk is dropped (max_tokens may cut it)."""
+        body = {"text": prompt.text, "stream": True,
+                "sampling_params": {"max_new_tokens": max_tokens, "temperature": self.bench.temperature,
+                                    "top_p": self.bench.top_p, "ignore_eos": self.ignore_eos}}
+        counts: list[int] = []
+        try:
+            async with self.http.stream("POST", "/generate", json=body) as res:
+                if res.status_code != 200:
+                    return []
+                async for line in res.aiter_lines():
+                    if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                        continue
+                    try:
+                        counts.append(int(json.loads(line[5:])["meta_info"]["completion_tokens"]))
+                    except (ValueError, KeyError, TypeError):
+                        return []
+        except httpx.HTTPError:
+            return []
+        deltas = [b - a for a, b in zip(counts, counts[1:])]
+        return [d for d in deltas[:-1] if d > 0]
+
     async def close(self) -> None:
         await self.http.aclose()
         await self.client.close()
@@ -452,9 +482,27 @@ async def _measure(
         conc = await _concurrent_phases(runner, bench, workload, progress)
         accept = await _accept_length(runner, info, bench, workload, single.results + conc.results)
         server_accept = await asyncio.to_thread(client.accept_length)
+        histogram = await depth_histogram(runner, info, bench, workload)
     finally:
         await runner.close()
-    return _measurement(bench, info, single, conc, accept, server_accept, duration_s=time.monotonic() - began)
+    m = _measurement(bench, info, single, conc, accept, server_accept, duration_s=time.monotonic() - began)
+    return replace(m, accept_histogram=histogram) if histogram else m
+
+
+async def depth_histogram(runner: "_Runner", info: ServerInfo, bench: BenchConfig, workload: Workload) -> tuple[int, ...] | None:
+    """The depth probe: the single-stream prompts once more through streaming `/generate`,
+    counting verify steps by accepted drafts.  From one deep chain this gives P(reach depth j)
+    for every j, hence the accept length of every shallower chain (tuner/search/model.py).
+    A few seconds per trial; None when the server does not stream per-step counts."""
+    if not info.speculative:
+        return None
+    hist: list[int] = []
+    for prompt in workload.for_phase("single", bench.single_requests):
+        for tokens in await runner.generate_steps(prompt, bench.max_tokens):
+            while len(hist) < tokens:
+                hist.append(0)
+            hist[tokens - 1] += 1
+    return tuple(hist) if sum(hist) else None
 
 
 async def _accept_length(runner: "_Runner", info: ServerInfo, bench: BenchConfig, workload: Workload,

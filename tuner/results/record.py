@@ -20,7 +20,7 @@ __all__ = [
     "MAX_TOTAL_NUM_TOKENS", "MAX_RUNNING_REQUESTS", "ACCEPT_LENGTH", "TTFT_MS", "STARTUP_S",
     "SGLANG_VERSION", "ACCELERATOR", "GPU_COUNT", "SERVER_MEM_FRACTION_STATIC", "HYPERVOLUME",
     "ATTENTION_BACKEND", "PAGE_SIZE", "SPECULATIVE_ADAPTIVE", "ARCHITECTURE", "DP_RANKS", "ACCEPT_LENGTH_SOURCE",
-    "SERVER_ACCEPT_LENGTH", "THINKING_TOKENS", "DUPLICATE_OF", "RULED_OUT_BY", "RETRY_OF", "WARM_START", "BASELINE", "CONSTRAINTS",
+    "SERVER_ACCEPT_LENGTH", "DECLARED_MAX_RUNNING", "ACCEPT_HISTOGRAM", "REQUEST_TOKENS", "MEMORY_USAGE", "MODEL_PREDICTION", "MODEL_NOTE", "THINKING_TOKENS", "DUPLICATE_OF", "RULED_OUT_BY", "RETRY_OF", "WARM_START", "BASELINE", "CONSTRAINTS",
     "SERVER_LOG_ARTIFACT", "SINGLE_TPS_SPREAD", "SINGLE_TPS_CI95", "INTERRUPTED", "SCHEDULE",
     "params_of", "record_launch", "record_server", "record_measurement", "record_failure", "SETTLED_COPY_SKIPS",
 ]
@@ -43,6 +43,7 @@ SCHEDULE = "schedule"
 STARTUP_S = "startup_s"
 MAX_TOTAL_NUM_TOKENS = "max_total_num_tokens"  # contract
 MAX_RUNNING_REQUESTS = "max_running_requests"  # contract: the effective value
+DECLARED_MAX_RUNNING = "declared_max_running_requests"  # the server's argument (48 under speculation)
 SGLANG_VERSION = "sglang_version"
 ACCELERATOR = "accelerator"
 GPU_COUNT = "gpu_count"
@@ -65,6 +66,16 @@ SINGLE_TPS_SPREAD = "single_tps_spread"
 SINGLE_TPS_CI95 = "single_tps_ci95"
 CONSTRAINTS = "constraints"
 HYPERVOLUME = "hypervolume"  # the front's normalised hypervolume with this trial in it
+# What the model sampler (tuner/search/model.py) fits on:
+ACCEPT_HISTOGRAM = "accept_histogram"  # [n0, n1, ...]: verify steps that accepted k drafts (depth probe)
+REQUEST_TOKENS = "request_tokens"  # [bench] request_tokens: the capacity objective's unit
+# internal_states[0].memory_usage of /server_info: weight, kvcache, graph ({runner: GiB}),
+# token_capacity, startup_available (GiB left after CUDA-graph capture: the graph-OOM margin)
+MEMORY_USAGE = "memory_usage"
+# Written by the model sampler through space.suggest: what it predicted for this trial
+# ({"single_tps": [lo, mid, hi], ..., "p_start": p}) and why it chose it, or why it fell back.
+MODEL_PREDICTION = "model_prediction"
+MODEL_NOTE = "model_note"
 
 # -- outcomes --------------------------------------------------------------------------------
 FAIL_REASON = "fail_reason"  # contract: one line, what failed and why
@@ -110,6 +121,19 @@ def record_server(trial, info: ServerInfo, startup_s: float) -> None:
                        (SPECULATIVE_ADAPTIVE, info.speculative_adaptive), (ARCHITECTURE, info.architecture)):
         if value is not None:
             trial.set_user_attr(key, value)
+    if info.args.get("max_running_requests") is not None:
+        trial.set_user_attr(DECLARED_MAX_RUNNING, info.args.get("max_running_requests"))
+    usage = memory_usage(info.args)
+    if usage:
+        trial.set_user_attr(MEMORY_USAGE, usage)
+
+
+def memory_usage(server_info: dict) -> dict | None:
+    """Rank 0's `memory_usage` from a /server_info body, the fields the model reads (GiB)."""
+    states = server_info.get("internal_states") or []
+    usage = (states[0].get("memory_usage") if states and isinstance(states[0], dict) else None) or {}
+    keep = {k: usage[k] for k in ("weight", "kvcache", "graph", "token_capacity", "startup_available") if usage.get(k) is not None}
+    return keep or None
 
 
 def record_measurement(trial, m: Measurement) -> None:
@@ -142,7 +166,10 @@ def record_measurement(trial, m: Measurement) -> None:
         "concurrent_ttft_p99_ms": round(m.concurrent_ttft_p99_ms, 1),
         "completion_tokens": m.completion_tokens,
         "ignore_eos": m.ignore_eos,
+        REQUEST_TOKENS: m.request_tokens,
     }
+    if m.accept_histogram:
+        attrs[ACCEPT_HISTOGRAM] = list(m.accept_histogram)
     for key, value in attrs.items():
         trial.set_user_attr(key, value)
 

@@ -40,7 +40,26 @@ def _suggest_int(trial: optuna.Trial, name: str, space: IntRange | Choices) -> i
 
 
 def suggest(trial: optuna.Trial, space: SpaceConfig, base: Params) -> Params:
-    """Sample one configuration; keys the space leaves out come from `base` (the command)."""
+    """Sample one configuration; keys the space leaves out come from `base` (the command).
+
+    A sampler with `bind_space` (the model sampler) is told the space first, and what it
+    predicted for the configuration, or why it fell back, is recorded on the trial."""
+    bind = getattr(trial.study.sampler, "bind_space", None)
+    if bind is not None:
+        bind(space, base)
+    params = _suggest(trial, space, base)
+    explain = getattr(trial.study.sampler, "explain", None)
+    decision = explain(trial.study, trial.number) if explain is not None else None
+    if decision is not None:
+        from tuner.results import record
+
+        trial.set_user_attr(record.MODEL_NOTE, decision.note)
+        if decision.prediction and not decision.fallback:
+            trial.set_user_attr(record.MODEL_PREDICTION, decision.prediction)
+    return params
+
+
+def _suggest(trial: optuna.Trial, space: SpaceConfig, base: Params) -> Params:
     steps = base.speculative_num_steps
     topk = base.speculative_eagle_topk
     draft = base.speculative_num_draft_tokens

@@ -72,6 +72,10 @@ def write_html(report: Report, path: Path) -> Path:
                          f"<figcaption>{e(p.caption)}</figcaption></figure>")
     parts.append("<h2>Pruned and failed trials</h2>")
     parts.append(_html_table(report.failures, ("kind", "reason", "state")) if report.failures.rows else "<p>None.</p>")
+    if report.predicted is not None:
+        parts.append(f"<h2>Predicted front: not launched</h2><p>What the study's model expects ({html.escape(report.predicted_note)}): "
+                     "medians [90% intervals]; configurations the study did not try.</p>")
+        parts.append(_html_table(report.predicted) if report.predicted.rows else "<p>None.</p>")
     parts.append("</main></body></html>\n")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(parts), encoding="utf-8")
@@ -119,6 +123,10 @@ def write_markdown(report: Report, path: Path) -> list[Path]:
             png.write_bytes(p.png)
             written.append(png)
             lines += [f"### {p.title}", "", f"![{p.title}]({png.name})", "", p.caption, ""]
+    if report.predicted is not None:
+        lines += ["## Predicted front: not launched", "", f"What the study's model expects ({report.predicted_note}): medians "
+                  "[90% intervals]; configurations the study did not try.", "",
+                  _md_table(report.predicted) if report.predicted.rows else "None: the measured front is what the model expects.", ""]
     lines += ["## Pruned and failed trials", "", _md_table(report.failures) if report.failures.rows else "None.", ""]
     path.write_text("\n".join(lines), encoding="utf-8")
     return [path, *written]

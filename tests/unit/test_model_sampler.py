@@ -1,0 +1,210 @@
+"""The model sampler (tuner/search/model.py, model_sampler.py): acceptance by depth from a
+stream, the memory line, and proposals that depend only on the study (resume, two workers)."""
+
+import math
+
+import numpy as np
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from tuner.config import SpaceConfig
+from tuner.results import record
+from tuner.search import model as M
+from tuner.search.model_sampler import ModelSampler, expected_hv_gain
+from tuner.search.samplers import MemoryEdgeSampler, make_sampler
+from tuner.search.space import suggest
+from tuner.sglang_args import Params
+
+SPACE = SpaceConfig.model_validate({
+    "speculative_num_steps": {"low": 1, "high": 4},
+    "speculative_eagle_topk": {"choices": [1, 2]},
+    "speculative_num_draft_tokens": {"low": 2, "high": 8},
+    "mem_fraction_static": {"low": 0.80, "high": 0.90, "step": 0.01},
+})
+
+
+# --- acceptance by depth ------------------------------------------------------------------------
+
+
+def _stream(accepted: list[int]) -> list[int]:
+    """Cumulative completion_tokens per chunk of a streamed request: the prefill's token, then
+    1 + k per verify step, then a final (cut) chunk."""
+    counts, total = [1], 1
+    for k in accepted + [0]:
+        total += 1 + k
+        counts.append(total)
+    return counts
+
+
+def test_per_depth_acceptance_is_exact_on_a_constructed_stream():
+    # A chain of 3 steps: 10 steps accept 0, 20 accept 1, 30 accept 2, 40 accept 3.
+    accepted = [0] * 10 + [1] * 20 + [2] * 30 + [3] * 40
+    counts = _stream(accepted)
+    deltas = [b - a for a, b in zip(counts, counts[1:])][:-1]  # what runner.generate_steps returns
+    hist = [0] * 4
+    for d in deltas:
+        hist[d - 1] += 1
+    assert hist == [10, 20, 30, 40]
+    reach = M.reach_from_histogram(hist)
+    assert reach == pytest.approx([0.9, 0.7, 0.4])
+    rates = M.pooled_depth_rates([(3, hist)])
+    assert [r for r, _ in rates] == pytest.approx([0.9, 0.7 / 0.9, 0.4 / 0.7])
+    acc = M.Acceptance(rates, 0.5, {}, 3, 0.0)
+    # Every shallower chain's accept length follows from the deep one: 1 + sum of the reaches.
+    assert acc.accept(M.Shape(3, 1, 4)) == pytest.approx(1 + 0.9 + 0.7 + 0.4)
+    assert acc.accept(M.Shape(2, 1, 3)) == pytest.approx(1 + 0.9 + 0.7)
+    assert acc.accept(M.Shape(1, 1, 2)) == pytest.approx(1.9)
+
+
+def test_pooled_rates_of_two_chains_and_a_tree_of_one_candidate():
+    deep, shallow = [10, 20, 30, 40], [5, 45]  # steps 3 and steps 1
+    rates = M.pooled_depth_rates([(3, deep), (1, shallow)])
+    assert rates[0][0] == pytest.approx((90 + 45) / (100 + 50))
+    assert rates[1][0] == pytest.approx(70 / 90)
+    # topk 2 with one verified draft is the chain of depth 1
+    assert sum(M.tree_reach([0.9], 2, 2, 0.5)) == pytest.approx(0.9)
+    # a second candidate catches share x the missed mass
+    assert sum(M.tree_reach([0.9], 2, 3, 0.5)) == pytest.approx(0.9 + 0.1 * 0.5)
+
+
+# --- memory -------------------------------------------------------------------------------------
+
+
+def test_memory_line_from_two_launches():
+    pre, weights, cell = 80.0, 16.0, 128 * 1024 / 2**30  # GiB, GiB per token
+    def tokens(m):
+        return (pre * m - weights) / cell
+    slope, intercept = M.memory_line([(0.80, tokens(0.80)), (0.90, tokens(0.90))])
+    for m in (0.70, 0.85, 0.95):
+        assert slope * m + intercept == pytest.approx(tokens(m))
+
+
+# --- a synthetic landscape the trials are told -------------------------------------------------
+
+
+def _truth(steps, topk, draft, mfs):
+    """A small physical landscape (not the emulator's): q = 0.8 per depth, 10 ms + 0.3 ms per
+    draft step, graphs that grow with draft tokens and trees, 80 GiB card."""
+    reach = [0.8 ** j for j in range(1, steps + 1)]
+    accept = 1 + sum(reach) + (0.1 * (draft - steps - 1) / 4 if topk > 1 else 0.0)
+    pre, weights, cell = 80.0, 16.0, 128 * 1024 / 2**30
+    tokens = int((pre * mfs - weights) / cell)
+    graphs = 0.3 + 48 * draft * 0.004 + (0.8 if topk > 1 else 0.0) * draft / 8
+    avail = pre * (1 - mfs) - 0.5 - graphs
+    ok = avail > 0.8
+    step1 = 10 + 0.3 * steps + (0.2 if topk > 1 else 0)
+    step32 = 12 + 0.5 * steps + 0.02 * max(32 * draft - 128, 0)
+    values = [accept / step1 * 1000, 32 * accept / step32 * 1000, min(48, tokens // 8192)]
+    attrs = {record.MAX_TOTAL_NUM_TOKENS: tokens, record.MAX_RUNNING_REQUESTS: 48, record.DECLARED_MAX_RUNNING: 48,
+             record.ACCEPT_LENGTH: accept, record.REQUEST_TOKENS: 8192, "concurrent_tps_by_level": {"32": values[1]},
+             record.ACCEPT_HISTOGRAM: [int(1000 * (([1] + reach)[k] - (reach + [0])[k])) for k in range(steps + 1)],
+             record.MEMORY_USAGE: {"weight": weights, "kvcache": tokens * cell, "token_capacity": tokens,
+                                   "startup_available": avail, "graph": {"all": graphs}}}
+    return ok, values, attrs
+
+
+def _study(sampler):
+    study = optuna.create_study(directions=["maximize"] * 3, sampler=sampler)
+    study.set_metric_names(["single_tps", "concurrent_tps", "capacity"])
+    return study
+
+
+def _run_one(study, *, tell=True):
+    trial = study.ask()
+    p = suggest(trial, SPACE, Params())
+    trial.set_user_attr(record.FLAGS, p.as_dict())
+    if not tell:
+        return trial, p
+    ok, values, attrs = _truth(p.speculative_num_steps, p.speculative_eagle_topk, p.speculative_num_draft_tokens, p.mem_fraction_static)
+    if not ok:
+        trial.set_user_attr(record.FAILURE_KIND, "memory_graph")
+        study.tell(trial, state=TrialState.PRUNED)
+    else:
+        for k, v in attrs.items():
+            trial.set_user_attr(k, v)
+        study.tell(trial, values)
+    return trial, p
+
+
+def _sampler(seed=0):
+    return make_sampler("model", seed, n_objectives=3)
+
+
+def test_model_predicts_what_the_launches_measured():
+    study = _study(_sampler())
+    for _ in range(6):
+        _run_one(study)
+    model, why = M.fit(study.get_trials(), list(study.metric_names))
+    assert model is not None, why
+    p = model.predict([3], [1], [4], [0.85])
+    ok, values, _ = _truth(3, 1, 4, 0.85)
+    assert p.single[0] == pytest.approx(values[0], rel=0.1)
+    assert p.capacity[0] == pytest.approx(values[2], abs=1)
+    assert p.accept[0] == pytest.approx(1 + 0.8 + 0.64 + 0.512, rel=0.03)
+    notes = [t.user_attrs.get(record.MODEL_NOTE) for t in study.trials]
+    assert notes[0].startswith("model: no launch completed yet")
+    assert all(n and n.startswith("model:") for n in notes), notes
+
+
+def test_resume_a_new_sampler_on_the_study_proposes_the_same():
+    study = _study(_sampler(seed=3))
+    for _ in range(4):
+        _run_one(study)
+    first = _study_copy(study, _sampler(seed=3))
+    second = _study_copy(study, _sampler(seed=3))
+    _, a = _run_one(first, tell=False)
+    _, b = _run_one(second, tell=False)
+    assert a == b
+
+
+def _study_copy(study, sampler):
+    storage = optuna.storages.InMemoryStorage()
+    copy = optuna.create_study(storage=storage, directions=["maximize"] * 3, sampler=sampler)
+    copy.set_metric_names(list(study.metric_names))
+    for t in study.get_trials():
+        copy.add_trial(t)
+    return copy
+
+
+def test_two_workers_do_not_propose_a_running_configuration():
+    study = _study(_sampler())
+    for _ in range(4):
+        _run_one(study)
+    _, running = _run_one(study, tell=False)  # worker A is measuring it
+    other = optuna.load_study(study_name=study.study_name, storage=study._storage, sampler=_sampler())
+    _, proposal = _run_one(other, tell=False)  # worker B asks meanwhile
+    assert proposal != running
+
+
+def test_falls_back_and_says_so_when_it_cannot_predict_an_objective():
+    sampler = _sampler()
+    study = optuna.create_study(directions=["maximize"] * 2, sampler=sampler)
+    study.set_metric_names(["single_tps", "p99_itl"])
+    trial = study.ask()
+    suggest(trial, SPACE, Params())
+    assert "does not predict p99_itl" in trial.user_attrs[record.MODEL_NOTE]
+    assert isinstance(sampler._fallback, MemoryEdgeSampler)
+
+
+def test_expected_hv_gain_matches_the_box_volume():
+    front = np.array([[0.5, 0.5, 0.5]])
+    samples = np.array([[[1.0, 1.0, 1.0]], [[0.4, 0.4, 0.4]], [[1.0, 0.5, 0.5]]])
+    gain = expected_hv_gain(front, samples, cells=40)
+    assert gain[0] == pytest.approx(1 - 0.125, abs=0.02)
+    assert gain[1] == pytest.approx(0.0, abs=1e-9)
+    assert gain[2] == pytest.approx(0.125, abs=0.02)
+
+
+def test_predicted_front_lists_unlaunched_configurations_with_intervals():
+    from tuner.search.model_sampler import predicted_front
+
+    study = _study(_sampler())
+    for _ in range(6):
+        _run_one(study)
+    header, rows, note = predicted_front(study, SPACE, Params())
+    assert header[-1] == "P(start)" and rows and note.startswith("model fitted on")
+    launched = {tuple(str(v) for v in (t.params.get("speculative_num_steps"),)) for t in study.trials}
+    assert len({tuple(r[:3]) for r in rows}) == len(rows)  # one row per shape
+    mid, lo, hi = (float(x) for x in rows[0][4].replace("[", "").replace("]", "").replace(",", "").split())
+    assert lo <= mid <= hi and launched

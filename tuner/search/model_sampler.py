@@ -1,0 +1,306 @@
+"""`--sampler model`: propose the configuration with the largest expected hypervolume gain
+under the study's fitted landscape model (tuner/search/model.py).
+
+One proposal per trial, computed once when Optuna first asks for a parameter and then handed
+out parameter by parameter (`sample_independent`): the draft-token range depends on steps and
+topk, so Optuna's relative search space cannot hold the whole shape.  Everything is derived from
+`study.get_trials()` (no state between trials), so a resumed study and parallel workers get the
+same proposals from the same history; RUNNING trials of other workers are pending: their
+configurations are not proposed again and their predicted values join the front (a constant
+liar), so two workers do not chase the same gain.
+
+Candidates: every shape of the [space] grid x every mem fraction of the range.  Score: P(start)
+x the mean over `draws` samples of the predictive distribution of the hypervolume the point
+adds to the measured front (objectives normalised, origin reference: the benchmark's score).
+A candidate that P(start) puts below `min_p_start` is never launched; nor is one an earlier
+memory failure rules out, or one already measured.
+
+No model yet (nothing completed): the warm start's shape, or else the deepest chain (its
+acceptance by depth gives every shallower chain's), at a safe fraction: the command's own, or
+55% up the range, and lower after each graph OOM.  Where the model fits badly (or cannot be
+fitted: no memory_usage from the server, SLO constraints, objectives it does not predict), it
+falls back to the default sampler and says so in the trial's `model_note`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.search import model as M
+from tuner.search.space import DEFAULT_STEPS, grid
+
+__all__ = ["ModelSampler", "Decision", "expected_hv_gain", "PREDICTED"]
+
+PREDICTED = ("single_tps", "concurrent_tps", "capacity")
+_NAMES = {"speculative_num_steps": 0, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 2, "mem_fraction_static": 3}
+
+
+@dataclass
+class Decision:
+    params: dict = field(default_factory=dict)
+    fallback: bool = False
+    note: str = ""
+    prediction: dict | None = None
+
+
+def _box_volumes(front: np.ndarray, cells: int) -> np.ndarray:
+    """Cumulative count of grid cells (in [0, 1]^3) the front does not dominate: the free
+    volume inside the box [0, p] of any point p is one lookup."""
+    centres = (np.arange(cells) + 0.5) / cells
+    free = np.ones((cells, cells, cells), dtype=float)
+    for f in front:
+        ix, iy, iz = (np.searchsorted(centres, v, side="right") for v in f)
+        free[:ix, :iy, :iz] = 0.0
+    return free.cumsum(0).cumsum(1).cumsum(2) / cells ** 3
+
+
+def expected_hv_gain(front: np.ndarray, samples: np.ndarray, cells: int = 40) -> np.ndarray:
+    """Mean hypervolume gain of each candidate over `front` (normalised, maximised, origin
+    reference); samples: (candidates, draws, 3) in the same normalised units."""
+    table = _box_volumes(np.clip(front, 0, 1), cells)
+    idx = np.floor(np.clip(samples, 0, 1) * cells - 0.5 + 1e-9).astype(int)
+    inside = np.all(idx >= 0, axis=-1)
+    idx = np.clip(idx, 0, cells - 1)
+    gain = table[idx[..., 0], idx[..., 1], idx[..., 2]] * inside
+    return gain.mean(axis=1)
+
+
+def _contains(dist, value) -> bool:
+    if isinstance(dist, optuna.distributions.CategoricalDistribution):
+        return any(c == value for c in dist.choices)
+    return dist.low - 1e-9 <= value <= dist.high + 1e-9
+
+
+class ModelSampler(optuna.samplers.BaseSampler):
+    def __init__(self, fallback: optuna.samplers.BaseSampler, *, seed: int | None = None, draws: int = 64,
+                 min_p_start: float = 0.5, max_fit_error: float = 0.15, usable: str | None = None):
+        self._fallback = fallback
+        self._seed = seed or 0
+        self._draws = draws
+        self._min_p = min_p_start
+        self._max_error = max_fit_error
+        self._usable = usable  # why the model cannot be used at all (SLO constraints), or None
+        self._space = None
+        self._base = None
+        self._decisions: dict[tuple[str, int], Decision] = {}
+
+    # -- wiring --
+    def bind_space(self, space, base) -> None:
+        """The [space] and the command's Params (space.suggest calls this before sampling)."""
+        self._space, self._base = space, base
+
+    def explain(self, study: optuna.Study, number: int) -> Decision | None:
+        return self._decisions.get((study.study_name, number))
+
+    def infer_relative_search_space(self, study, trial):
+        if self._decide(study, trial).fallback:
+            return self._fallback.infer_relative_search_space(study, trial)
+        return {}
+
+    def sample_relative(self, study, trial, search_space):
+        if self._decide(study, trial).fallback:
+            return self._fallback.sample_relative(study, trial, search_space)
+        return {}
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+        d = self._decide(study, trial)
+        if d.fallback or param_name not in d.params:
+            return self._fallback.sample_independent(study, trial, param_name, param_distribution)
+        if any(trial.params.get(k, v) != v for k, v in d.params.items()):
+            # Earlier answers came from elsewhere (a fixed or enqueued value): decide again under them.
+            d = self._decide(study, trial, again=True)
+        value = d.params.get(param_name)
+        if d.fallback or value is None or not _contains(param_distribution, value):
+            return self._fallback.sample_independent(study, trial, param_name, param_distribution)
+        return value
+
+    def before_trial(self, study, trial):
+        self._fallback.before_trial(study, trial)
+
+    def after_trial(self, study, trial, state, values):
+        self._fallback.after_trial(study, trial, state, values)
+        self._decisions.pop((study.study_name, trial.number), None)
+
+    def reseed_rng(self):
+        self._fallback.reseed_rng()
+
+    # -- the decision --------------------------------------------------------------------------
+    def _decide(self, study, trial, again: bool = False) -> Decision:
+        key = (study.study_name, trial.number)
+        if again or key not in self._decisions:
+            fixed = {**(trial.system_attrs.get("fixed_params") or {}), **trial.params}
+            self._decisions[key] = self._make_decision(study, fixed)
+        return self._decisions[key]
+
+    def _make_decision(self, study, fixed: dict) -> Decision:
+        if self._usable:
+            return Decision(fallback=True, note=f"model sampler off: {self._usable}; the default sampler chose")
+        if self._space is None or self._space.mem_fraction_static is None:
+            return Decision(fallback=True, note="model sampler off: mem_fraction_static is not searched; the default sampler chose")
+        names = list(study.metric_names or PREDICTED[: len(study.directions)])
+        if not set(names) <= set(PREDICTED):
+            other = ", ".join(sorted(set(names) - set(PREDICTED)))
+            return Decision(fallback=True, note=f"model sampler off: it does not predict {other}; the default sampler chose")
+        shapes, mfs_values = self._candidates(fixed)
+        if not shapes or not mfs_values:
+            return Decision(fallback=True, note="no configuration of the space matches the fixed parameters; the default sampler chose")
+        trials = study.get_trials(deepcopy=False)
+        model, why = M.fit(trials, names)
+        if model is None:
+            if any(t.state == TrialState.COMPLETE for t in trials):
+                return Decision(fallback=True, note=f"model not fitted ({why}); the default sampler chose")
+            return self._design(trials, shapes, mfs_values)
+        n_ok = sum(1 for t in trials if t.state == TrialState.COMPLETE)
+        if model.fit_error > self._max_error and n_ok >= 4:
+            return Decision(fallback=True, note=f"the model fits badly ({model.fit_error:.0%} RMS error on the "
+                                                f"measured throughputs); the default sampler chose")
+        return self._best(trials, model, names, shapes, mfs_values)
+
+    def _candidates(self, fixed: dict) -> tuple[list[tuple[int, int, int]], list[float]]:
+        cached = getattr(self, "_grid_cache", None)
+        if cached is None or cached[0] is not self._space:
+            configs = grid(self._space, self._base)
+            shapes = sorted({(p.speculative_num_steps or DEFAULT_STEPS, p.speculative_eagle_topk or 1,
+                              p.speculative_num_draft_tokens or (p.speculative_num_steps or DEFAULT_STEPS) + 1) for p in configs})
+            mfs = sorted({round(p.mem_fraction_static, 6) for p in configs if p.mem_fraction_static is not None})
+            self._grid_cache = cached = (self._space, shapes, mfs)
+        _, shapes, mfs = cached
+        keep = [s for s in shapes if all(fixed.get(name) in (None, s[i]) for name, i in list(_NAMES.items())[:3]
+                                         if not (name == "speculative_num_draft_tokens" and s[1] == 1))]
+        if fixed.get("mem_fraction_static") is not None:
+            mfs = [m for m in mfs if abs(m - fixed["mem_fraction_static"]) < 1e-6] or [float(fixed["mem_fraction_static"])]
+        return keep, mfs
+
+    def _design(self, trials: list[FrozenTrial], shapes, mfs_values) -> Decision:
+        """The first launch: the warm start's shape (fixed) or the deepest chain, at a safe
+        fraction, lowered (raised) by 3, 6, 12 points after graph (KV) failures."""
+        chains = [s for s in shapes if s[1] == 1]
+        shape = max(chains or shapes, key=lambda s: (s[0], -s[2]))
+        lo, hi = mfs_values[0], mfs_values[-1]
+        start = self._base.mem_fraction_static if self._base and self._base.mem_fraction_static else lo + 0.55 * (hi - lo)
+        ls = M.launches(trials, None)
+        graph = [x.mfs for x in ls if x.state in ("memory_graph", "memory_runtime")]
+        kv = [x.mfs for x in ls if x.state == "memory_kv"]
+        cap = min(graph) - 0.03 * 2 ** (len(graph) - 1) if graph else hi
+        floor = max(kv) + 0.03 * 2 ** (len(kv) - 1) if kv else lo
+        target = min(max(start, floor), cap)
+        below = [m for m in mfs_values if m <= target + 1e-9]
+        mfs = below[-1] if below else mfs_values[0]
+        params = dict(zip(_NAMES, (*shape, mfs)))
+        return Decision(params, note=f"model: no launch completed yet; a designed first launch "
+                                     f"({'deepest chain' if shape[1] == 1 else 'a shape'} for acceptance by depth, "
+                                     f"mem fraction {mfs:g} for a safe start)")
+
+    def _best(self, trials, model: M.Model, names: list[str], shapes, mfs_values) -> Decision:
+        # Highest fraction first: among equal gains argmax keeps the larger KV pool.
+        cand = np.array([(*s, m) for s in shapes for m in reversed(mfs_values)], dtype=float)
+        pred = model.predict(cand[:, 0].astype(int), cand[:, 1].astype(int), cand[:, 2].astype(int), cand[:, 3])
+        allowed = (pred.p_start >= self._min_p) & ~_excluded(cand, trials)
+        if not allowed.any():
+            return Decision(fallback=True, note="the model rules out every remaining configuration of the space "
+                                                "(measured, ruled out, or unlikely to start); the default sampler chose")
+        cols = [PREDICTED.index(n) for n in names]
+        mids = np.stack([pred.single, pred.concurrent, pred.capacity], axis=1)[:, cols]
+        sds = pred.sd[:, cols]
+        measured = np.array([t.values for t in trials if t.state == TrialState.COMPLETE and t.values], dtype=float)
+        pending = _pending(cand, trials)
+        front = np.concatenate([measured.reshape(-1, len(names)), mids[pending]])
+        scale = np.maximum(front.max(axis=0) if len(front) else 0, mids[allowed].max(axis=0)) * 1.05
+        scale[scale <= 0] = 1.0
+        n_done = sum(1 for t in trials if t.state.is_finished())
+        rng = np.random.default_rng([self._seed, n_done])
+        idx = np.flatnonzero(allowed)
+        z = rng.standard_normal((1, self._draws, len(names)))
+        samples = mids[idx, None, :] * np.exp(sds[idx, None, :] * z) / scale
+        gain = expected_hv_gain(_pad3(front / scale), _pad3(samples)) * pred.p_start[idx]
+        best = int(idx[int(np.argmax(gain))]) if gain.max() > 0 else int(idx[int(np.argmax(sds[idx].sum(1) * pred.p_start[idx]))])
+        s, k, d, m = cand[best]
+        params = dict(zip(_NAMES, (int(s), int(k), int(d), round(float(m), 6))))
+        note = (f"model: largest expected hypervolume gain {float(gain.max()):.4f} (P(start) {pred.p_start[best]:.2f}); "
+                f"fitted on {len(M.launches(trials, None))} launches, throughput fit error {model.fit_error:.1%}")
+        return Decision(params, note=note, prediction=pred.interval(best))
+
+
+def _pad3(a: np.ndarray) -> np.ndarray:
+    """Fewer than three objectives: the missing axes are full (1), so volumes are areas/lengths."""
+    if a.shape[-1] == 3:
+        return a
+    pad = np.ones(a.shape[:-1] + (3 - a.shape[-1],))
+    return np.concatenate([a, pad], axis=-1)
+
+
+def _config(t: FrozenTrial) -> tuple | None:
+    flags = t.user_attrs.get("flags") or t.params
+    shape = M._shape_of(flags)
+    if shape is None or flags.get("mem_fraction_static") is None:
+        return None
+    return (shape.steps, shape.topk, shape.draft, round(float(flags["mem_fraction_static"]), 6))
+
+
+def _pending(cand: np.ndarray, trials: list[FrozenTrial]) -> np.ndarray:
+    """Candidates another worker is measuring now (RUNNING trials with their flags chosen)."""
+    running = {c for t in trials if t.state == TrialState.RUNNING and (c := _config(t)) is not None}
+    return np.array([tuple(int(x) for x in row[:3]) + (round(float(row[3]), 6),) in running for row in cand], dtype=bool)
+
+
+def _excluded(cand: np.ndarray, trials: list[FrozenTrial]) -> np.ndarray:
+    """Measured, being measured, or ruled out by a memory failure (tuner/search/history.py's rules:
+    a graph OOM rules out everything at least as large at an equal or higher fraction, a KV
+    failure everything with as many draft tokens at an equal or lower one)."""
+    out = _pending(cand, trials)
+    keys = [tuple(int(x) for x in row[:3]) + (round(float(row[3]), 6),) for row in cand]
+    done = {c for t in trials if t.state == TrialState.COMPLETE and (c := _config(t)) is not None}
+    out |= np.array([k in done for k in keys], dtype=bool)
+    for t in trials:
+        kind = t.user_attrs.get("failure_kind")
+        c = _config(t)
+        if t.state == TrialState.COMPLETE or c is None or t.user_attrs.get("ruled_out_by") is not None:
+            continue
+        if kind in ("memory_graph", "memory_runtime"):
+            out |= np.all(cand >= np.array(c, dtype=float) - 1e-9, axis=1)
+        elif kind == "memory_kv":
+            out |= (cand[:, 3] <= c[3] + 1e-9) & (cand[:, 2] >= c[2])
+    return out
+
+
+def predicted_front(study: optuna.Study, space, base, *, near: float = 0.02, limit: int = 10) -> tuple[list[str], list[list[str]], str]:
+    """Configurations never launched that the study's model expects on the measured front or
+    within `near` of it (likely to start: P >= 0.5), with 90% intervals: (header, rows, note)."""
+    names = list(study.metric_names or [])
+    trials = study.get_trials(deepcopy=False)
+    if not names or not set(names) <= set(PREDICTED) or space.mem_fraction_static is None:
+        return [], [], "the model predicts only single_tps, concurrent_tps and capacity over a searched mem fraction"
+    model, why = M.fit(trials, names)
+    if model is None:
+        return [], [], f"no model: {why}"
+    sampler = ModelSampler(optuna.samplers.RandomSampler())
+    sampler.bind_space(space, base)
+    shapes, mfs = sampler._candidates({})
+    cand = np.array([(*s, m) for s in shapes for m in mfs], dtype=float)
+    pred = model.predict(cand[:, 0].astype(int), cand[:, 1].astype(int), cand[:, 2].astype(int), cand[:, 3])
+    cols = [PREDICTED.index(n) for n in names]
+    mids = np.stack([pred.single, pred.concurrent, pred.capacity], axis=1)[:, cols]
+    measured = np.array([t.values for t in trials if t.state == TrialState.COMPLETE and t.values], dtype=float).reshape(-1, len(names))
+    launched = {c for t in trials if (c := _config(t)) is not None}
+    keys = [tuple(int(x) for x in row[:3]) + (round(float(row[3]), 6),) for row in cand]
+    rows, shown = [], set()
+    for i in np.lexsort((-cand[:, 3], -mids[:, 0])):  # fastest first; per shape its highest fraction
+        if pred.p_start[i] < 0.5 or keys[i] in launched or keys[i][:3] in shown:
+            continue
+        if np.any(np.all(measured >= mids[i] * (1 + near), axis=1)):
+            continue  # clearly dominated by a measured trial
+        if any(np.all(mids[j] >= mids[i]) and np.any(mids[j] > mids[i]) for j in np.flatnonzero(pred.p_start >= 0.5)):
+            continue  # dominated by another prediction
+        iv = pred.interval(int(i))
+        shown.add(keys[i][:3])
+        rows.append([str(keys[i][0]), str(keys[i][1]), str(keys[i][2]), f"{keys[i][3]:g}",
+                     *(f"{iv[n][1]:g} [{iv[n][0]:g}, {iv[n][2]:g}]" for n in names), f"{iv['p_start']:.2f}"])
+        if len(rows) >= limit:
+            break
+    header = ["steps", "topk", "draft", "mem", *names, "P(start)"]
+    return header, rows, f"model {why}, throughput fit error {model.fit_error:.1%}"
