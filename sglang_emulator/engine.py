@@ -76,6 +76,8 @@ class Request:
     generated: int = 0
     verify_ct: int = 0
     accepted_drafts: int = 0
+    # schedule_batch.py · update_spec_correct_drafts_histogram: verify steps by drafts accepted
+    correct_drafts_histogram: list[int] = field(default_factory=list)
     first_token_at: float | None = None
     finished_at: float | None = None
     finish_reason: str | None = None
@@ -429,6 +431,9 @@ class Engine:
                 self.spec_proposed_drafts += max(spec.draft_tokens - 1, 0)
                 req.verify_ct += 1
                 req.accepted_drafts += accepted
+                if len(req.correct_drafts_histogram) <= accepted:
+                    req.correct_drafts_histogram.extend([0] * (accepted + 1 - len(req.correct_drafts_histogram)))
+                req.correct_drafts_histogram[accepted] += 1
                 correct_drafts.append(accepted)
             emitted = self._emit(req, tokens)
             if spec.enabled:

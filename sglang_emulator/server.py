@@ -491,19 +491,25 @@ def build_app(state: ServerState) -> Starlette:
         )
 
     def spec_meta(req: Request) -> dict[str, Any]:
-        """tokenizer_manager.py · _calculate_spec_decoding_metrics (only once a verify ran)."""
+        """tokenizer_manager.py · _calculate_spec_decoding_metrics (only once a verify ran),
+        with the acceptance histogram: `spec_correct_drafts_histogram` on 0.5.23,
+        `spec_accept_histogram` on 0.5.9 (verify steps by drafts accepted, per request)."""
         if not resolved.spec.enabled or not req.verify_ct:
             return {}
         proposed = req.verify_ct * (resolved.spec.draft_tokens - 1)
         if proposed <= 0:
             return {}
-        return {
+        meta = {
             "spec_accept_rate": req.accepted_drafts / proposed,
             "spec_accept_length": req.generated / req.verify_ct,
             "spec_num_correct_drafts": req.accepted_drafts,
             "spec_num_proposed_drafts": proposed,
             "spec_verify_ct": req.verify_ct,
         }
+        key = "spec_accept_histogram" if resolved.version == "0.5.9" else "spec_correct_drafts_histogram"
+        if req.correct_drafts_histogram:
+            meta[key] = list(req.correct_drafts_histogram)
+        return meta
 
     def spec_tokens_details(req: Request) -> dict[str, Any] | None:
         """openai/utils.py · spec_tokens_details_from_meta_info: every SpecTokensDetails field,
@@ -519,7 +525,7 @@ def build_app(state: ServerState) -> Starlette:
             "spec_num_correct_drafts": meta.get("spec_num_correct_drafts") or 0,
             "spec_num_proposed_drafts": meta.get("spec_num_proposed_drafts") or 0,
             "spec_verify_ct": meta.get("spec_verify_ct") or 0,
-            "spec_correct_drafts_histogram": [],
+            "spec_correct_drafts_histogram": meta.get("spec_correct_drafts_histogram") or [],
             "spec_cap_lens_histogram": [],
         }
 

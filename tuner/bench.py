@@ -39,7 +39,9 @@ def measurement_table(m: Measurement, objectives) -> Table:
     table.add_row("single_tps", f"{m.single_tps:.1f} tok/s", f"95% CI {lo:.1f} … {hi:.1f} (±{m.single_spread * 100:.1f}%), {len(m.single_runs)} passes: {', '.join(f'{x:.1f}' for x in m.single_runs)}")
     for level, rate in m.concurrent_tps_by_level.items():
         table.add_row(f"concurrent_tps @{level}", f"{rate:.1f} tok/s", f"steady window {m.concurrent_window_s[level]:.1f} s, p99 ITL {m.concurrent_p99_itl_ms[level]:.1f} ms")
-    table.add_row("accept_length", fmt(m.accept_length, 2), "avg_spec_accept_length over the measured phases")
+    table.add_row("accept_length", fmt(m.accept_length, 2), _accept_detail(m))
+    if m.thinking_tokens:
+        table.add_row("thinking_tokens", fmt(m.thinking_tokens), "of the completion tokens, thinking (timed like the answer)")
     table.add_row("max_total_num_tokens", fmt(m.max_total_num_tokens), "")
     table.add_row("max_running_requests", fmt(m.max_running_requests), "")
     table.add_row("TTFT", f"{m.ttft_ms:.1f} ms", f"p90 {m.ttft_p90_ms:.1f}, p99 {m.ttft_p99_ms:.1f} (single stream)")
@@ -51,6 +53,17 @@ def measurement_table(m: Measurement, objectives) -> Table:
         table.add_row(f"objective {objective.name}", fmt(value), objective.unit)
     table.add_row("time", f"{m.duration_s:.1f} s", f"{m.completion_tokens:,} completion tokens")
     return table
+
+
+def _accept_detail(m: Measurement) -> str:
+    """Where the accept length came from (runner._acceptance), and the depth histogram."""
+    source = {"sglext": "completion tokens / spec_verify_ct of every measured request (sglext)",
+              "generate": "completion tokens / spec_verify_ct of native /generate requests",
+              "no speculation": "one token per forward", "unknown": "the server reports no verify steps"}
+    detail = source.get(m.accept_length_source, m.accept_length_source)
+    if m.accept_histogram:
+        detail += f"; verify steps by drafts accepted {list(m.accept_histogram)}"
+    return detail
 
 
 def warnings_for(m: Measurement, bench) -> list[str]:
@@ -128,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
         config, objectives, m = _measure(args, err)
         if args.json:
             out.print_json(json.dumps({"single_tps": m.single_tps, "single_ci95": m.single_ci95, "concurrent_tps": m.concurrent_tps_by_level,
-                                       "accept_length": m.accept_length, "max_total_num_tokens": m.max_total_num_tokens,
+                                       "accept_length": m.accept_length, "accept_length_source": m.accept_length_source,
+                                       "accept_histogram": list(m.accept_histogram) if m.accept_histogram else None,
+                                       "thinking_tokens": m.thinking_tokens, "max_total_num_tokens": m.max_total_num_tokens,
                                        "max_running_requests": m.max_running_requests, "ttft_ms": m.ttft_ms, "itl_p99_ms": m.itl_p99_ms,
                                        "greedy_inflation": m.greedy_inflation, "objectives": dict(zip([o.name for o in objectives], score(objectives, m)))}))
         else:

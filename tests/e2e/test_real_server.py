@@ -48,6 +48,11 @@ def test_accept_length_is_exact_per_request_not_the_servers_folded_counter(start
     m = measure(url=emu.url, bench=_bench(), info=client.server_info(), workload=load_workload("builtin"), client=client)
     assert m.accept_length_source == "sglext"
     assert 1.5 < m.accept_length < 4.0  # 3 steps: between one and four tokens per verify step
+    # spec_correct_drafts_histogram of every measured request, summed: verify steps by drafts
+    # accepted (0..3 for 3 steps), consistent with the accept length it came with.
+    hist = m.accept_histogram
+    assert hist is not None and len(hist) <= 4
+    assert 1 + sum(k * n for k, n in enumerate(hist)) / sum(hist) == pytest.approx(m.accept_length, rel=0.02)
 
 
 def test_on_sglang_0_5_9_accept_length_comes_from_generate(start_emulator):
@@ -59,6 +64,8 @@ def test_on_sglang_0_5_9_accept_length_comes_from_generate(start_emulator):
     assert info.version == "0.5.9" and info.accelerator is None
     m = measure(url=emu.url, bench=_bench(), info=info, workload=load_workload("builtin"), client=client)
     assert m.accept_length_source == "generate" and 1.5 < m.accept_length < 4.0
+    # 0.5.9 names the per-request histogram spec_accept_histogram (from /generate's meta_info).
+    assert m.accept_histogram is not None and len(m.accept_histogram) <= 4 and sum(m.accept_histogram) > 10
 
 
 @pytest.mark.parametrize("dp_attention", ["", " --enable-dp-attention"], ids=["dp", "dp-attention"])

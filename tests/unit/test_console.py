@@ -40,7 +40,7 @@ def test_a_missing_sqlite_folder_is_an_error_and_nothing_is_created(tmp_path):
 
 def test_a_corrupt_store_is_one_line(tmp_path):
     (tmp_path / "bad.db").write_bytes(b"not a database at all" * 100)
-    with pytest.raises(ConfigError, match="--storage: .*bad.db is damaged \(file is not a database\); restore it from a backup"):
+    with pytest.raises(ConfigError, match=r"--storage: .*bad.db is damaged \(file is not a database\); restore it from a backup"):
         open_storage(_config(flag=f"sqlite:///{tmp_path}/bad.db"))
     other = tmp_path / "other.db"  # a sqlite file of another program
     with sqlite3.connect(other) as db:

@@ -9,6 +9,7 @@ import pytest
 from optuna.trial import TrialState
 
 from tuner.config import SpaceConfig
+from tuner.measure.runner import step_tokens
 from tuner.results import record
 from tuner.search import model as M
 from tuner.search.model_sampler import ModelSampler, expected_hv_gain
@@ -41,7 +42,7 @@ def test_per_depth_acceptance_is_exact_on_a_constructed_stream():
     # A chain of 3 steps: 10 steps accept 0, 20 accept 1, 30 accept 2, 40 accept 3.
     accepted = [0] * 10 + [1] * 20 + [2] * 30 + [3] * 40
     counts = _stream(accepted)
-    deltas = [b - a for a, b in zip(counts, counts[1:])][:-1]  # what runner.generate_steps returns
+    deltas = step_tokens([(c, None) for c in counts])  # what runner.generate_steps returns
     hist = [0] * 4
     for d in deltas:
         hist[d - 1] += 1
@@ -55,6 +56,20 @@ def test_per_depth_acceptance_is_exact_on_a_constructed_stream():
     assert acc.accept(M.Shape(3, 1, 4)) == pytest.approx(1 + 0.9 + 0.7 + 0.4)
     assert acc.accept(M.Shape(2, 1, 3)) == pytest.approx(1 + 0.9 + 0.7)
     assert acc.accept(M.Shape(1, 1, 2)) == pytest.approx(1.9)
+
+
+def test_coalesced_chunks_are_dropped_where_the_stream_counts_verify_steps():
+    # SGLang's tokenizer manager merges chunks a slow reader has not taken: a delta of two
+    # verify steps (spec_verify_ct + 2) would read as one step of 1 + 3 accepted drafts.
+    accepted = [2, 0, 1, 3, 1]
+    counts = _stream(accepted)
+    verify = [0] + list(range(1, len(counts)))
+    exact = step_tokens(list(zip(counts, verify)))
+    assert exact == [1 + k for k in accepted]
+    merged = [p for i, p in enumerate(zip(counts, verify)) if i != 3]  # steps 2 and 3 in one chunk
+    assert step_tokens(merged) == [3, 1, 2]  # steps 3 and 4 (2 + 4 tokens) are gone, not read as one of 6
+    # Without spec_verify_ct in the chunks nothing can be told apart: every delta is kept.
+    assert len(step_tokens([(c, None) for i, c in enumerate(counts) if i != 3])) == len(accepted) - 1
 
 
 def test_pooled_rates_of_two_chains_and_a_tree_of_one_candidate():

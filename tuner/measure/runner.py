@@ -58,6 +58,9 @@ class RequestResult:
     finish_reason: str | None = None
     reasoning_tokens: int | None = None  # of completion_tokens, thinking (usage), when reported
     spec_verify_ct: int | None = None  # verify steps (sglext.spec_tokens_details), when reported
+    # Verify steps by drafts accepted (sglext.spec_tokens_details.spec_correct_drafts_histogram,
+    # 0.5.23), when reported: index k counts the steps that accepted k drafts.
+    accept_histogram: tuple[int, ...] | None = None
 
     @property
     def ttft_s(self) -> float:
@@ -233,6 +236,42 @@ def _spec_details(chunk) -> dict | None:
     return details if isinstance(details, dict) else None
 
 
+def _histogram(value) -> tuple[int, ...] | None:
+    """A per-request accept histogram as SGLang reports it (a list of step counts), or None."""
+    if not isinstance(value, list) or not value:
+        return None
+    try:
+        hist = tuple(int(x) for x in value)
+    except (TypeError, ValueError):
+        return None
+    return hist if sum(hist) > 0 and min(hist) >= 0 else None
+
+
+def _sum_histograms(hists) -> tuple[int, ...] | None:
+    hists = [h for h in hists if h]
+    if not hists:
+        return None
+    out = [0] * max(len(h) for h in hists)
+    for h in hists:
+        for k, n in enumerate(h):
+            out[k] += n
+    return tuple(out)
+
+
+def step_tokens(counts: list[tuple[int, int | None]]) -> list[int]:
+    """Tokens per verify step from a stream's cumulative (completion_tokens, spec_verify_ct)
+    per chunk: the differences, first and last chunk dropped; where the chunks count verify
+    steps, a delta spanning more (or fewer) than one step was coalesced and is not kept."""
+    steps = []
+    pairs = list(zip(counts, counts[1:]))[:-1]
+    for (t0, v0), (t1, v1) in pairs:
+        if v0 is not None and v1 is not None and v1 - v0 != 1:
+            continue
+        if t1 > t0:
+            steps.append(t1 - t0)
+    return steps
+
+
 def _reasoning_tokens(usage) -> int | None:
     """Thinking tokens of a completion: SGLang 0.5.23's usage.reasoning_tokens, or OpenAI's
     completion_tokens_details.reasoning_tokens; None when the server does not count them."""
@@ -320,6 +359,7 @@ class _Runner:
             finish_reason=finish,
             reasoning_tokens=_reasoning_tokens(usage),
             spec_verify_ct=details.get("spec_verify_ct") if details else None,
+            accept_histogram=_histogram((details or {}).get("spec_correct_drafts_histogram")),
         )
 
     def _extra_body(self) -> dict:
@@ -332,9 +372,11 @@ class _Runner:
             extra["chat_template_kwargs"] = {"enable_thinking": self.bench.thinking == "on"}
         return extra
 
-    async def generate(self, prompt: Prompt, max_tokens: int) -> tuple[int, int | None]:
-        """One native `/generate` request: (completion tokens, spec_verify_ct) from its
-        meta_info (tokenizer_manager.py · _calculate_spec_decoding_metrics)."""
+    async def generate(self, prompt: Prompt, max_tokens: int) -> tuple[int, int | None, tuple[int, ...] | None]:
+        """One native `/generate` request: (completion tokens, spec_verify_ct, verify steps by
+        drafts accepted) from its meta_info (tokenizer_manager.py ·
+        _calculate_spec_decoding_metrics; the histogram is `spec_correct_drafts_histogram` on
+        0.5.23, `spec_accept_histogram` on 0.5.9)."""
         body = {"text": prompt.text, "sampling_params": {"max_new_tokens": max_tokens, "temperature": self.bench.temperature,
                                                          "top_p": self.bench.top_p, "ignore_eos": self.ignore_eos}}
         try:
@@ -342,19 +384,23 @@ class _Runner:
         except httpx.HTTPError as exc:
             raise MeasureError(f"/generate: {exc}; the server stopped answering") from exc
         if res.status_code != 200:
-            return 0, None
+            return 0, None, None
         meta = res.json().get("meta_info") or {}
-        return int(meta.get("completion_tokens") or 0), meta.get("spec_verify_ct")
+        hist = _histogram(meta.get("spec_correct_drafts_histogram") or meta.get("spec_accept_histogram"))
+        return int(meta.get("completion_tokens") or 0), meta.get("spec_verify_ct"), hist
 
     async def generate_steps(self, prompt: Prompt, max_tokens: int) -> list[int]:
-        """One streaming native `/generate` request: the tokens each chunk added (cumulative
-        `meta_info.completion_tokens`, differenced).  SGLang streams once per decode iteration
-        (stream_interval 1), so after the first chunk (the prefill's token) each delta is one
-        verify step's 1 + accepted drafts; the last chunk is dropped (max_tokens may cut it)."""
+        """One streaming native `/generate` request: the tokens each verify step produced
+        (cumulative `meta_info.completion_tokens`, differenced).  Asked with stream_interval 1
+        (a per-request override of `--stream-interval`), SGLang sends a chunk per decode
+        iteration, but its tokenizer manager coalesces chunks a slow reader has not taken yet
+        (tokenizer_manager.py · _wait_one_response): where the chunks carry the cumulative
+        `spec_verify_ct`, only deltas of exactly one verify step are kept.  The first chunk (the
+        prefill's token) and the last (max_tokens may cut it) are dropped."""
         body = {"text": prompt.text, "stream": True,
                 "sampling_params": {"max_new_tokens": max_tokens, "temperature": self.bench.temperature,
-                                    "top_p": self.bench.top_p, "ignore_eos": self.ignore_eos}}
-        counts: list[int] = []
+                                    "top_p": self.bench.top_p, "ignore_eos": self.ignore_eos, "stream_interval": 1}}
+        counts: list[tuple[int, int | None]] = []
         try:
             async with self.http.stream("POST", "/generate", json=body) as res:
                 if res.status_code != 200:
@@ -363,13 +409,14 @@ class _Runner:
                     if not line.startswith("data:") or line.strip() == "data: [DONE]":
                         continue
                     try:
-                        counts.append(int(json.loads(line[5:])["meta_info"]["completion_tokens"]))
-                    except (ValueError, KeyError, TypeError):
+                        meta = json.loads(line[5:])["meta_info"]
+                        ct = meta.get("spec_verify_ct")
+                        counts.append((int(meta["completion_tokens"]), None if ct is None else int(ct)))
+                    except (ValueError, KeyError, TypeError, AttributeError):
                         return []
         except httpx.HTTPError:
             return []
-        deltas = [b - a for a, b in zip(counts, counts[1:])]
-        return [d for d in deltas[:-1] if d > 0]
+        return step_tokens(counts)
 
     async def close(self) -> None:
         await self.http.aclose()
@@ -480,20 +527,50 @@ async def _measure(
         await asyncio.to_thread(client.flush_cache)
         single = await _single_phase(runner, bench, workload, progress)
         conc = await _concurrent_phases(runner, bench, workload, progress)
-        accept = await _accept_length(runner, info, bench, workload, single.results + conc.results)
+        accept, histogram = await _acceptance(runner, info, bench, workload, single.results + conc.results)
         server_accept = await asyncio.to_thread(client.accept_length)
-        histogram = await depth_histogram(runner, info, bench, workload)
     finally:
         await runner.close()
     m = _measurement(bench, info, single, conc, accept, server_accept, duration_s=time.monotonic() - began)
     return replace(m, accept_histogram=histogram) if histogram else m
 
 
+async def _acceptance(runner: "_Runner", info: ServerInfo, bench: BenchConfig, workload: Workload,
+                      results: list[RequestResult]) -> tuple[tuple[float | None, str], tuple[int, ...] | None]:
+    """Accept length (tokens per verify step over the measured requests) and where it came
+    from, and the verify steps by drafts accepted (tuner/search/model.py reads acceptance by
+    depth from it), each from the best source the server has:
+    1. the chat stream's sglext.spec_tokens_details (0.5.23): spec_verify_ct and
+       spec_correct_drafts_histogram of every measured request;
+    2. native /generate's meta_info over the single-stream prompts (0.5.9: spec_verify_ct and
+       spec_accept_histogram);
+    3. for the histogram only, the depth probe (`depth_histogram`): verify steps read off a
+       stream, for a server that reports no histogram."""
+    if not info.speculative:
+        return (1.0, "no speculation"), None  # one token per forward: exact, not a default
+    counted = [r for r in results if r.spec_verify_ct]
+    accept: tuple[float | None, str] = (None, "unknown")
+    if counted and len(counted) == len(results):
+        accept = (sum(r.completion_tokens for r in counted) / sum(r.spec_verify_ct for r in counted), "sglext")
+    histogram = _sum_histograms(r.accept_histogram for r in results) if all(r.accept_histogram for r in results) else None
+    if accept[0] is None or histogram is None:
+        # A server without per-request details on the chat route (0.5.9): the same prompts
+        # through native /generate, whose meta_info carries spec_verify_ct.
+        got = [await runner.generate(p, bench.max_tokens) for p in workload.for_phase("single", bench.single_requests)]
+        pairs = [(tokens, ct) for tokens, ct, _ in got if ct]
+        if accept[0] is None and pairs:
+            accept = (sum(t for t, _ in pairs) / sum(ct for _, ct in pairs), "generate")
+        if histogram is None and got and all(h for _, _, h in got):
+            histogram = _sum_histograms(h for _, _, h in got)
+    if histogram is None:
+        histogram = await depth_histogram(runner, info, bench, workload)
+    return accept, histogram
+
+
 async def depth_histogram(runner: "_Runner", info: ServerInfo, bench: BenchConfig, workload: Workload) -> tuple[int, ...] | None:
-    """The depth probe: the single-stream prompts once more through streaming `/generate`,
-    counting verify steps by accepted drafts.  From one deep chain this gives P(reach depth j)
-    for every j, hence the accept length of every shallower chain (tuner/search/model.py).
-    A few seconds per trial; None when the server does not stream per-step counts."""
+    """The depth probe, for a server that reports no accept histogram: the single-stream
+    prompts once more through streaming `/generate`, counting verify steps by accepted drafts
+    (`generate_steps`).  A few seconds per trial; None when the stream gives no per-step counts."""
     if not info.speculative:
         return None
     hist: list[int] = []
@@ -503,23 +580,6 @@ async def depth_histogram(runner: "_Runner", info: ServerInfo, bench: BenchConfi
                 hist.append(0)
             hist[tokens - 1] += 1
     return tuple(hist) if sum(hist) else None
-
-
-async def _accept_length(runner: "_Runner", info: ServerInfo, bench: BenchConfig, workload: Workload,
-                         results: list[RequestResult]) -> tuple[float | None, str]:
-    """Tokens per verify step over the measured requests, and where it came from."""
-    if not info.speculative:
-        return 1.0, "no speculation"  # one token per forward: exact, not a default
-    counted = [r for r in results if r.spec_verify_ct]
-    if counted and len(counted) == len(results):
-        return sum(r.completion_tokens for r in counted) / sum(r.spec_verify_ct for r in counted), "sglext"
-    # A server without per-request details on the chat route (0.5.9): the same prompts
-    # through native /generate, whose meta_info carries spec_verify_ct.
-    pairs = [await runner.generate(p, bench.max_tokens) for p in workload.for_phase("single", bench.single_requests)]
-    pairs = [(tokens, ct) for tokens, ct in pairs if ct]
-    if pairs:
-        return sum(t for t, _ in pairs) / sum(ct for _, ct in pairs), "generate"
-    return None, "unknown"
 
 
 def _measurement(bench: BenchConfig, info: ServerInfo, single: _Single, conc: _Concurrent, accept: tuple[float | None, str],
