@@ -497,13 +497,17 @@ def _depth_distribution(lands: Landscape, p: Params) -> list[float]:
     return list(exact / len(L._SHIFT_QUANTILES))
 
 
-PROBE_STEPS = 150  # verify steps the depth probe sees: a few prompts of max_tokens 128
+# Verify steps in a trial's accept histogram: SGLang reports each request's
+# (spec_correct_drafts_histogram), summed over the measured requests: the demo's bench (6-12
+# single-stream and 48 concurrent requests of up to 128 tokens, ~3.5 tokens per step) gives
+# ~2,000; 1,000 allows for early stops and for prompts that are alike (steps are not independent).
+PROBE_STEPS = 1000
 
 
 def _server_attrs(lands: Landscape, e: L.Expectation, p: Params, seed: int) -> dict[str, Any]:
     """The user attrs a real trial records besides its values (tuner/results/record.py), as the
-    emulator's server would report them: KV tokens, running requests, accept length, the depth
-    probe's histogram (multinomial over PROBE_STEPS verify steps), `memory_usage`, the level."""
+    emulator's server would report them: KV tokens, running requests, accept length, the accept
+    histogram (multinomial over PROBE_STEPS verify steps), `memory_usage`, the level."""
     prof = lands.profile
     chunk, max_bs = M.default_graph_settings(prof.gpu.total_mib, prof.reference_tp)
     spec = M.SpecShape(lands.spec.algorithm, p.speculative_num_steps, p.speculative_eagle_topk or 1,

@@ -48,6 +48,7 @@ __all__ = ["Shape", "Launch", "launches", "reach_from_histogram", "pooled_depth_
 
 _KNEES = (32.0, 64.0, 128.0, 192.0, 256.0, 384.0, 512.0, 768.0, 1024.0, 2048.0, 1e9)
 _MEM_FAILURES = ("memory_graph", "memory_runtime")
+_NOISE = 0.02  # relative std of a throughput measured again (benchmarks/results/measurement_noise.txt)
 _TIME_PRIOR = 0.3  # weight of the "step time does not depend on the shape" prior, per slope
 
 
@@ -453,6 +454,11 @@ class Model:
     request_tokens: int
     measured_steps: dict[int, int]  # topk -> deepest steps measured
     fit_error: float  # relative RMS of the throughput fit over the launches
+    # Per measured shape: (log measured/predicted single, the same for concurrent, batch measured
+    # at).  A shape's throughput does not depend on the fraction except through the batch the
+    # pool allows, so another fraction of a measured shape is predicted from its measurement,
+    # as precisely as the measurement noise: re-launching it is not exploration.
+    anchors: dict = field(default_factory=dict)
 
     def predict(self, steps, topk, draft, mfs) -> Prediction:
         steps, topk, draft, mfs = (np.atleast_1d(np.asarray(v)) for v in (steps, topk, draft, mfs))
@@ -472,11 +478,24 @@ class Model:
         capacity = np.minimum(running, np.floor(tokens / self.request_tokens))
         novelty = self._novelty(steps, topk, draft)
         base = math.hypot(self.acceptance.spread, self.time.spread) + 0.02
-        sd_speed = base + 0.15 * novelty
-        sd = np.stack([sd_speed, sd_speed, 0.01 + 0.02 * novelty + self._kv_novelty(draft)], axis=1)
+        sd_single = base + 0.15 * novelty
+        sd_concurrent = sd_single.copy()
+        for i, key in enumerate(zip(steps.tolist(), topk.tolist(), draft.tolist())):
+            anchor = self.anchors.get(Shape(int(key[0]), int(key[1]), int(key[2])))
+            if anchor is None:
+                continue
+            r_single, r_concurrent, batch_measured = anchor
+            single[i] *= math.exp(r_single)
+            concurrent[i] *= math.exp(r_concurrent)
+            sd_single[i] = _NOISE
+            sd_concurrent[i] = _NOISE + 0.5 * abs(math.log(batch[i] / batch_measured))
+        sd = np.stack([sd_single, sd_concurrent, 0.01 + 0.02 * novelty + self._kv_novelty(draft)], axis=1)
         margin = m.margin(steps, topk, draft, mfs, np.maximum(running, 1))
         graph = m.graphs(steps, topk, draft, np.maximum(running, 1))
-        sd_margin = np.sqrt(m.theta_sd ** 2 + m.spread ** 2 + (0.3 * novelty * graph) ** 2)
+        # A shape unlike any launched (a first tree, say) may need memory no launch has shown:
+        # tree masks and wider verify activations sit beside the graphs, so its doubt scales
+        # with everything the slack holds besides the KV pool, not with the graphs alone.
+        sd_margin = np.sqrt(m.theta_sd ** 2 + m.spread ** 2 + (0.3 * novelty * (graph + m.other)) ** 2)
         p_start = norm.cdf(margin / sd_margin) * (tokens > 0) * (running >= 1)
         return Prediction(single, concurrent, capacity, accept, sd, p_start)
 
@@ -527,7 +546,21 @@ def fit(trials: list[FrozenTrial], metric_names: list[str] | None) -> tuple[Mode
         measured[x.shape.topk] = max(measured.get(x.shape.topk, 0), x.shape.steps)
     model = Model(_fit_acceptance(ls), time, memory, max(set(levels), key=levels.count), int(rt), measured, 0.0)
     model.fit_error = _fit_error(model, ok)
+    model.anchors = _anchors(model, ok)
     return model, "fitted on %d launches" % len(ls)
+
+
+def _anchors(model: Model, ok: list[Launch]) -> dict:
+    """Per measured shape, the mean log ratio of measured to predicted throughputs (model.anchors)."""
+    p = model.predict([x.shape.steps for x in ok], [x.shape.topk for x in ok], [x.shape.draft for x in ok], [x.mfs for x in ok])
+    batch = np.maximum(np.minimum(model.level, model.memory.running(model.memory.kv_tokens([x.mfs for x in ok], [x.shape.draft for x in ok]))), 1)
+    by_shape: dict[Shape, list] = {}
+    for i, x in enumerate(ok):
+        if x.values.get("single_tps") and x.values.get("concurrent_tps"):
+            by_shape.setdefault(x.shape, []).append((math.log(x.values["single_tps"] / p.single[i]),
+                                                     math.log(x.values["concurrent_tps"] / p.concurrent[i]), float(batch[i])))
+    return {shape: (float(np.mean([r[0] for r in rows])), float(np.mean([r[1] for r in rows])), float(np.median([r[2] for r in rows])))
+            for shape, rows in by_shape.items()}
 
 
 def _fit_error(model: Model, ok: list[Launch]) -> float:
