@@ -223,3 +223,31 @@ def test_predicted_front_lists_unlaunched_configurations_with_intervals():
     assert len({tuple(r[:3]) for r in rows}) == len(rows)  # one row per shape
     mid, lo, hi = (float(x) for x in rows[0][4].replace("[", "").replace("]", "").replace(",", "").split())
     assert lo <= mid <= hi and launched
+
+
+def test_a_measured_shape_is_predicted_from_its_measurement_and_not_relaunched_for_noise():
+    study = _study(_sampler())
+    for _ in range(6):
+        _run_one(study)
+    model, _ = M.fit(study.get_trials(), list(study.metric_names))
+    done = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    t = done[-1]
+    f = t.user_attrs[record.FLAGS]
+    shape = (f["speculative_num_steps"], f["speculative_eagle_topk"], f["speculative_num_draft_tokens"] or f["speculative_num_steps"] + 1)
+    # Another fraction of that shape at the same batch: its measured single_tps, as precise as a
+    # measurement, while an unlaunched shape keeps the model's wider spread.
+    other = 0.80 if f["mem_fraction_static"] > 0.85 else 0.90
+    p = model.predict([shape[0]], [shape[1]], [shape[2]], [other])
+    assert p.single[0] == pytest.approx(t.values[0], rel=0.01)
+    assert p.sd[0, 0] <= 0.005
+    unlaunched = next((s, k, d) for s in range(1, 7) for k in (1, 2, 4) for d in range(2, 17)
+                      if (s, k, d) not in {tuple(M._shape_of(x.user_attrs[record.FLAGS]).__dict__.values()) for x in done}
+                      and k in model.measured_steps and s <= model.measured_steps[k] and (k > 1 or d == s + 1))
+    assert model.predict(*[[v] for v in unlaunched], [other]).sd[0, 0] > p.sd[0, 0]
+    # Ten more proposals: no shape is launched again at a fraction that gives the same pool
+    # (here the batch is 32 whatever the pool: the same capacity is the same configuration).
+    for _ in range(10):
+        _run_one(study)
+    seen = [(M._shape_of(x.user_attrs[record.FLAGS]), min(48, int(x.user_attrs.get(record.MAX_TOTAL_NUM_TOKENS) or 0) // 8192))
+            for x in study.trials if x.state == TrialState.COMPLETE]
+    assert len(seen) == len(set(seen)), seen

@@ -48,7 +48,7 @@ __all__ = ["Shape", "Launch", "launches", "reach_from_histogram", "pooled_depth_
 
 _KNEES = (32.0, 64.0, 128.0, 192.0, 256.0, 384.0, 512.0, 768.0, 1024.0, 2048.0, 1e9)
 _MEM_FAILURES = ("memory_graph", "memory_runtime")
-_NOISE = 0.02  # relative std of a throughput measured again (benchmarks/results/measurement_noise.txt)
+_SAME = 0.0  # relative spread of a measured shape's throughput at another fraction, same batch
 _TIME_PRIOR = 0.3  # weight of the "step time does not depend on the shape" prior, per slope
 
 
@@ -487,8 +487,11 @@ class Model:
             r_single, r_concurrent, batch_measured = anchor
             single[i] *= math.exp(r_single)
             concurrent[i] *= math.exp(r_concurrent)
-            sd_single[i] = _NOISE
-            sd_concurrent[i] = _NOISE + 0.5 * abs(math.log(batch[i] / batch_measured))
+            # The measurement's own noise is not something to explore: a draw of it is shared
+            # with the measured point already on the front (noisy EHVI's correlation), so only
+            # what the fraction changes (the batch the pool allows) is uncertain.
+            sd_single[i] = _SAME
+            sd_concurrent[i] = _SAME + 0.5 * abs(math.log(batch[i] / batch_measured))
         sd = np.stack([sd_single, sd_concurrent, 0.01 + 0.02 * novelty + self._kv_novelty(draft)], axis=1)
         margin = m.margin(steps, topk, draft, mfs, np.maximum(running, 1))
         graph = m.graphs(steps, topk, draft, np.maximum(running, 1))

@@ -216,12 +216,18 @@ class ModelSampler(optuna.samplers.BaseSampler):
         rng = np.random.default_rng([self._seed, n_done])
         idx = np.flatnonzero(allowed)
         z = rng.standard_normal((1, self._draws, len(names)))
-        samples = mids[idx, None, :] * np.exp(sds[idx, None, :] * z) / scale
+        samples = mids[idx, None, :] * np.exp(sds[idx, None, :] * z)
+        if "capacity" in names:  # never above the running-request cap, a known constant
+            c = names.index("capacity")
+            samples[..., c] = np.minimum(samples[..., c], model.memory.running_cap)
+        samples = samples / scale
         gain = expected_hv_gain(_pad3(front / scale), _pad3(samples)) * pred.p_start[idx]
         best = int(idx[int(np.argmax(gain))]) if gain.max() > 0 else int(idx[int(np.argmax(sds[idx].sum(1) * pred.p_start[idx]))])
         s, k, d, m = cand[best]
         params = dict(zip(_NAMES, (int(s), int(k), int(d), round(float(m), 6))))
-        note = (f"model: largest expected hypervolume gain {float(gain.max()):.4f} (P(start) {pred.p_start[best]:.2f}); "
+        why = (f"largest expected hypervolume gain {float(gain.max()):.4f}" if gain.max() > 0 else
+               "no configuration is expected to add to the front; the least known one")
+        note = (f"model: {why} (P(start) {pred.p_start[best]:.2f}); "
                 f"fitted on {len(M.launches(trials, None))} launches, throughput fit error {model.fit_error:.1%}")
         return Decision(params, note=note, prediction=pred.interval(best))
 
