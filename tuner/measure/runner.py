@@ -16,6 +16,9 @@ Order (each phase's definition is in the README, "What the figures mean"):
    `meta_info`.  The server's `avg_spec_accept_length` is kept as a cross-check only: SGLang
    folds its counters every `--decode-log-interval` (40) decode steps per rank, so a short
    phase reads stale or nothing (docs/sglang-real-server.md rows 5, 6).  Unknown stays unknown.
+   The same sources give the verify steps by drafts accepted (`accept_histogram`, from which
+   tuner/search/model.py reads acceptance by depth); a server reporting none gets a depth probe
+   (row 18: a stream's chunks are not always one verify step each).
 
 Tokens are counted from each response's `usage`, never from stream chunks: SGLang sends every
 token accepted in one verify step as one chunk.  A thinking model's first token may be
