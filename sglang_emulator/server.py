@@ -350,6 +350,21 @@ def build_app(state: ServerState) -> Starlette:
             )
         return JSONResponse(model_info_body())
 
+    def memory_usage(plan) -> dict[str, Any]:
+        """scheduler_components/memory_usage.py · build_memory_usage (0.5.23); 0.5.9's
+        scheduler.py · get_internal_state has no startup_available and one graph figure."""
+        if resolved.version == "0.5.9":
+            return {"weight": round(plan.weights_gib, 2), "kvcache": round(plan.kv_gib + plan.mamba_gib, 2),
+                    "token_capacity": plan.max_total_num_tokens, "graph": round(sum(plan.graph_gib.values()), 2)}
+        return {
+            "weight": round(plan.weights_gib, 3),
+            "kvcache": round(plan.kv_gib + plan.mamba_gib, 3),
+            "startup_available": round(plan.available_after_capture_gib, 3),
+            "token_capacity": plan.max_total_num_tokens,
+            "token_capacity_swa": None,
+            "graph": {k: round(v, 3) for k, v in plan.graph_gib.items()},
+        }
+
     def internal_state(engine: Engine) -> dict[str, Any]:
         plan = engine.plan
         out = resolved.as_dict()
@@ -358,14 +373,7 @@ def build_app(state: ServerState) -> Starlette:
             startup_time=state.startup_time,
             effective_max_running_requests_per_dp=engine.max_running,
             last_gen_throughput=engine.last_gen_throughput,
-            memory_usage={
-                "weight": round(plan.weights_gib, 2),
-                "kvcache": round(plan.kv_gib + plan.mamba_gib, 2),
-                "startup_available": round(plan.available_after_capture_gib, 2),
-                "token_capacity": plan.max_total_num_tokens,
-                "token_capacity_swa": None,
-                "graph": {k: round(v, 2) for k, v in plan.graph_gib.items()},
-            },
+            memory_usage=memory_usage(plan),
         )
         accept = engine.avg_spec_accept_length
         if accept is not None:

@@ -9,6 +9,7 @@ import pytest
 from tuner.config import parse_config
 from tuner.measure.runner import measure
 from tuner.measure.workload import load_workload
+from tuner.results import record
 from tuner.target.client import ServerClient
 
 from ..conftest import run_cli, write_config
@@ -62,6 +63,10 @@ def test_on_sglang_0_5_9_accept_length_comes_from_generate(start_emulator):
     client = ServerClient(emu.url)
     info = client.server_info()
     assert info.version == "0.5.9" and info.accelerator is None
+    # 0.5.9's memory_usage: one graph figure, no startup_available; recorded as {"all": GiB}.
+    usage = info.args["internal_states"][0]["memory_usage"]
+    assert isinstance(usage["graph"], float) and "startup_available" not in usage
+    assert record.memory_usage(info.args)["graph"] == {"all": usage["graph"]}
     m = measure(url=emu.url, bench=_bench(), info=info, workload=load_workload("builtin"), client=client)
     assert m.accept_length_source == "generate" and 1.5 < m.accept_length < 4.0
     # 0.5.9 names the per-request histogram spec_accept_histogram (from /generate's meta_info).

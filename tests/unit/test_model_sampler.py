@@ -251,3 +251,25 @@ def test_a_measured_shape_is_predicted_from_its_measurement_and_not_relaunched_f
     seen = [(M._shape_of(x.user_attrs[record.FLAGS]), min(48, int(x.user_attrs.get(record.MAX_TOTAL_NUM_TOKENS) or 0) // 8192))
             for x in study.trials if x.state == TrialState.COMPLETE]
     assert len(seen) == len(set(seen)), seen
+
+
+def test_sglang_0_5_9_memory_usage_one_graph_figure_and_no_startup_available():
+    # 0.5.9's get_internal_state: {"weight", "kvcache", "token_capacity", "graph": <GiB>}.
+    server_info = {"internal_states": [{"memory_usage": {"weight": 16.0, "kvcache": 50.0, "token_capacity": 409600, "graph": 1.25}}]}
+    usage = record.memory_usage(server_info)
+    assert usage == {"weight": 16.0, "kvcache": 50.0, "token_capacity": 409600, "graph": {"all": 1.25}}
+    study = _study(_sampler())
+    for _ in range(4):
+        trial, p = _run_one(study, tell=False)
+        ok, values, attrs = _truth(p.speculative_num_steps, p.speculative_eagle_topk, p.speculative_num_draft_tokens, p.mem_fraction_static)
+        attrs[record.MEMORY_USAGE] = {k: v for k, v in attrs[record.MEMORY_USAGE].items() if k != "startup_available"}
+        attrs[record.MEMORY_USAGE]["graph"] = {"all": attrs[record.MEMORY_USAGE]["graph"]["all"]}
+        for k, v in attrs.items():
+            trial.set_user_attr(k, v)
+        study.tell(trial, values) if ok else study.tell(trial, state=TrialState.PRUNED)
+    model, why = M.fit(study.get_trials(), list(study.metric_names))
+    assert model is not None, why
+    # Without startup_available the fractions above the measured ones are not ruled out: the
+    # graph-OOM edge is left to failures to find.
+    top = max(t.user_attrs[record.FLAGS]["mem_fraction_static"] for t in study.trials)
+    assert model.predict([3], [1], [4], [min(top + 0.02, 0.9)]).p_start[0] > 0.5

@@ -133,6 +133,8 @@ def memory_usage(server_info: dict) -> dict | None:
     states = server_info.get("internal_states") or []
     usage = (states[0].get("memory_usage") if states and isinstance(states[0], dict) else None) or {}
     keep = {k: usage[k] for k in ("weight", "kvcache", "graph", "token_capacity", "startup_available") if usage.get(k) is not None}
+    if isinstance(keep.get("graph"), (int, float)):  # 0.5.9: one figure for all graphs
+        keep["graph"] = {"all": keep["graph"]}
     return keep or None
 
 

@@ -358,6 +358,12 @@ def _fit_graphs(rows: list[tuple], extra: list[tuple] = ()) -> tuple[np.ndarray,
     return coef, float(np.sqrt(np.mean(res ** 2))) if len(rows) > 1 else 0.0
 
 
+def _graph_gib(usage: dict) -> float:
+    """GiB of all CUDA graphs: 0.5.23 reports {runner: GiB}, 0.5.9 one figure."""
+    graph = usage.get("graph") or {}
+    return float(sum(graph.values())) if isinstance(graph, dict) else float(graph)
+
+
 def _fit_memory(ls: list[Launch]) -> Memory | None:
     ok = [x for x in ls if x.state == "ok" and x.memory and x.memory.get("kvcache") and x.memory.get("token_capacity")]
     if not ok:
@@ -380,11 +386,12 @@ def _fit_memory(ls: list[Launch]) -> Memory | None:
     cap = max(declared) if all(declared) else max(running)
     capped = [run / m["token_capacity"] for run, m in zip(running, mu) if run < cap]
     slots = float(np.median(capped)) if capped else 1e9
-    rows = [(x.shape.steps, x.shape.topk, x.shape.draft, run, sum((m.get("graph") or {}).values()))
-            for x, m, run in zip(ok, mu, running)]
+    rows = [(x.shape.steps, x.shape.topk, x.shape.draft, run, _graph_gib(m)) for x, m, run in zip(ok, mu, running)]
     coef, spread = _fit_graphs(rows)
-    others = [pre * (1 - x.mfs) - g[4] - (m.get("startup_available") or 0.0) for x, m, g in zip(ok, mu, rows)]
-    mem = Memory(pre, fixed, cell, cap, slots, coef, float(np.median(others)), 0.0, 0.0, spread + 0.05,
+    # What the slack holds besides the graphs (activations), from what was left after capture;
+    # a server that does not say (0.5.9) leaves it at 0: the edge is then learned from failures.
+    others = [pre * (1 - x.mfs) - g[4] - m["startup_available"] for x, m, g in zip(ok, mu, rows) if m.get("startup_available") is not None]
+    mem = Memory(pre, fixed, cell, cap, slots, coef, float(np.median(others)) if others else 0.0, 0.0, 0.0, spread + 0.05,
                  {x.shape.topk for x in ok}, {})
     mem.drafts = tuple(sorted({x.shape.draft for x in ok}))
     for x in ok:
@@ -396,7 +403,8 @@ def _fit_memory(ls: list[Launch]) -> Memory | None:
 def _fit_threshold(mem: Memory, ok: list[Launch], failed: list[Launch], rows: list[tuple]) -> None:
     """The startup_available below which capture fails: above what failed launches would have
     had, at or below what started launches had; a prior of 1% of the card in between."""
-    upper = min(float(x.memory.get("startup_available") or 0.0) for x in ok)
+    upper = min(float(x.memory["startup_available"]) if x.memory.get("startup_available") is not None
+                else mem.pre * (1 - x.mfs) - mem.other - float(mem.graphs(*r[:4])) for x, r in zip(ok, rows))
     prior = 0.01 * mem.pre
     if not failed:
         mem.theta, mem.theta_sd = min(prior, upper), prior / 2
