@@ -4,8 +4,9 @@ Every launch reveals structure no generic sampler reads (issue #15); this module
 predicts, for any (steps, topk, draft tokens, mem fraction), single_tps, concurrent_tps,
 capacity and whether the server starts, each with an uncertainty:
 
-- Acceptance by depth.  A verify step accepts k drafts with the counts of the depth probe
-  (`accept_histogram`).  For a chain, reaching depth j does not depend on deeper drafts, so a
+- Acceptance by depth.  A verify step accepts k drafts with the counts of the trial's
+  `accept_histogram` (SGLang's per-request spec_correct_drafts_histogram, summed; or the depth
+  probe's, tuner/measure/runner.py).  For a chain, reaching depth j does not depend on deeper drafts, so a
   deep chain's P(accepted >= j) gives every shallower chain's accept length exactly:
   1 + sum_j P(>= j).  Chains are pooled per depth as conditional rates c_j = n(>= j)/n(>= j-1)
   (exact products on any mix of chains); deeper than measured, log c_j is extrapolated
@@ -28,6 +29,8 @@ capacity and whether the server starts, each with an uncertainty:
 
 Uncertainties are simple: residual-based log-normal spreads, widened for shapes unlike any
 measured one (an unseen topk, deeper or wider than measured), and a normal margin for starting.
+A measured shape is anchored: at another fraction it is predicted from its own measurement, and
+only what the fraction changes (the batch the pool allows) is uncertain (`Model.anchors`).
 Pure numpy/scipy on `FrozenTrial`s; nothing here knows the emulator.
 """
 

@@ -13,7 +13,9 @@ Candidates: every shape of the [space] grid x every mem fraction of the range.  
 x the mean over `draws` samples of the predictive distribution of the hypervolume the point
 adds to the measured front (objectives normalised, origin reference: the benchmark's score).
 A candidate that P(start) puts below `min_p_start` is never launched; nor is one an earlier
-memory failure rules out, or one already measured.
+memory failure rules out, or one already measured.  A measured shape at another fraction adds
+only what its batch changes (model.py's anchors): re-measuring noise is not exploration.  When no
+candidate is expected to add anything, the least known one (largest spread x P(start)) is tried.
 
 No model yet (nothing completed): the warm start's shape, or else the deepest chain (its
 acceptance by depth gives every shallower chain's), at a safe fraction: the command's own, or

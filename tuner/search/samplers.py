@@ -1,19 +1,22 @@
 """Samplers by name (`--sampler`, `[study] sampler`).
 
-The default, "auto", was chosen with benchmarks/sampler_benchmark.py (table in
-benchmarks/results/sampler_benchmark.md): multivariate TPE for the speculative shape, wrapped
-in `MemoryEdgeSampler`, which puts mem_fraction_static at the highest value that still starts
-instead of sampling it.  At 20 trials it reaches 96% (Qwen MTP profile) and 97.5% (8B EAGLE3)
-of the exhaustive front's hypervolume over 20 seeds; plain TPE 81% / 96%, random 71% / 95%.
-"gp" is not offered: Optuna's GPSampler needs torch (a multi-GB install), and it measured worse
-where it matters: alone it reaches 62% / 93% (it keeps proposing shapes that an earlier memory
-failure rules out, half the budget on the Qwen profile), and inside MemoryEdgeSampler 96% / 95%,
-below the default on the larger 8B space and on three of four perturbed landscapes.
-"auto" is now "model" (tuner/search/model_sampler.py): a physical model of the landscape,
-fitted after every launch, proposes the largest expected hypervolume gain; it falls back to
-"edge" (the MemoryEdgeSampler default above) where it cannot fit.  At 10 launches it reaches
-96-98% on every landscape of benchmarks/results/sampler_benchmark_model.md (edge: 82-95%), and
-98% at 20 (edge: 92-97%).
+"auto" (the default) is "model" (tuner/search/model_sampler.py): a physical model of the
+landscape, fitted after every launch (acceptance by depth, step time, the memory line and the
+graph-OOM edge), proposes the configuration with the largest expected hypervolume gain, and falls
+back to "edge" for a trial where it cannot fit (no memory_usage, SLO constraints, objectives it
+does not predict).  Chosen with benchmarks/sampler_benchmark.py
+(benchmarks/results/sampler_benchmark_model.md, 20 seeds, 13 landscapes of which 6 drawn from
+physical ranges): at 10 launches 96.4-98.6% of the exhaustive front's hypervolume (worst seed
+94.1%, <= 0.55 failed launches per study), where "edge" reaches 82-95% (worst seed 74%, up to
+2.9 failed launches); at 20, 97.9-99.1% against 92-97%.
+
+"edge" (the default before): multivariate TPE for the speculative shape, wrapped in
+`MemoryEdgeSampler`, which puts mem_fraction_static at the highest value that still starts
+instead of sampling it.  Against the other Optuna samplers at 20 trials
+(benchmarks/results/sampler_benchmark.md): 96% (Qwen MTP profile) and 97.5% (8B EAGLE3); plain
+TPE 81% / 96%, random 71% / 95%.  "gp" is not offered: Optuna's GPSampler needs torch (a
+multi-GB install), and it measured worse where it matters: alone 62% / 93% (it keeps proposing
+shapes that an earlier memory failure rules out), inside MemoryEdgeSampler 96% / 95%.
 """
 
 from __future__ import annotations
