@@ -43,3 +43,13 @@ def test_other_failures_and_settled_trials_are_not_evidence():
     copied = _trial(4, Params(2, 1, 3, 0.85), TrialState.COMPLETE, values=[1.0])
     copied.user_attrs["duplicate_of"] = 3
     assert check(Params(2, 1, 3, 0.85), [copied]) is None
+
+
+def test_of_two_workers_on_the_same_flags_only_the_later_waits():
+    # Two workers drew the same flags at once (trials 7 and 8, both RUNNING): if each waited
+    # for the other neither would ever launch; the later one waits for the earlier's result.
+    p = Params(3, 1, 4, 0.85)
+    a, b = _trial(7, p, TrialState.RUNNING), _trial(8, p, TrialState.RUNNING)
+    assert check(p, [a, b], current=7) is None
+    verdict = check(p, [a, b], current=8)
+    assert verdict.kind == "running" and verdict.trial.number == 7

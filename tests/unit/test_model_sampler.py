@@ -273,3 +273,14 @@ def test_sglang_0_5_9_memory_usage_one_graph_figure_and_no_startup_available():
     # graph-OOM edge is left to failures to find.
     top = max(t.user_attrs[record.FLAGS]["mem_fraction_static"] for t in study.trials)
     assert model.predict([3], [1], [4], [min(top + 0.02, 0.9)]).p_start[0] > 0.5
+
+
+def test_two_workers_starting_together_launch_two_shapes():
+    # Nothing has completed: worker A's designed first launch (the deepest chain) is running
+    # when worker B asks; B takes the next chain instead of waiting for A's result.
+    study = _study(_sampler())
+    _, first = _run_one(study, tell=False)
+    other = optuna.load_study(study_name=study.study_name, storage=study._storage, sampler=_sampler())
+    _, second = _run_one(other, tell=False)
+    assert (first.speculative_num_steps, first.speculative_eagle_topk) == (4, 1)
+    assert (second.speculative_num_steps, second.speculative_eagle_topk) == (3, 1)

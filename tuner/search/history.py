@@ -47,15 +47,18 @@ def _le(a: float | int | None, b: float | int | None) -> bool:
 def check(params: Params, trials: list[FrozenTrial], *, current: int | None = None, target: str | None = None) -> Verdict | None:
     """The earlier trial that settles `params` without a launch, if any.
 
-    A RUNNING trial with the same flags (another worker of the study) is reported as
-    "running": measuring one configuration twice at once would only halve both servers' GPUs.
+    An earlier RUNNING trial with the same flags (another worker of the study) is reported as
+    "running": measuring one configuration twice at once would only halve both servers' GPUs;
+    the later trial waits for the earlier one's result.
     With `target` ("<host> <url>"), only trials that ran on that server are evidence (a worker whose hardware
     is not yet known to match the study's must not reuse other machines' results).
     """
     if target is not None:
         trials = [t for t in trials if f"{t.user_attrs.get('target')} {t.user_attrs.get('url')}" == target]
     for t in trials:
-        if t.state == TrialState.RUNNING and t.number != current and params_of(t) == params:
+        # Only an EARLIER trial: two workers that drew the same flags at once would otherwise
+        # each wait for the other, forever.
+        if t.state == TrialState.RUNNING and (current is None or t.number < current) and params_of(t) == params:
             return Verdict("running", f"trial {t.number} is measuring the same flags on {t.user_attrs.get('target', 'another worker')}", t)
     for t in trials:
         if t.user_attrs.get("duplicate_of") is not None or t.user_attrs.get("ruled_out_by") is not None:

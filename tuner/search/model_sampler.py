@@ -182,7 +182,11 @@ class ModelSampler(optuna.samplers.BaseSampler):
         """The first launch: the warm start's shape (fixed) or the deepest chain, at a safe
         fraction, lowered (raised) by 3, 6, 12 points after graph (KV) failures."""
         chains = [s for s in shapes if s[1] == 1]
-        shape = max(chains or shapes, key=lambda s: (s[0], -s[2]))
+        # Another worker already launching the deepest chain: the next one, so that two
+        # workers starting together measure two shapes (the model pools their depths).
+        running = {c[:3] for t in trials if t.state == TrialState.RUNNING and (c := _config(t)) is not None}
+        order = sorted(chains or shapes, key=lambda s: (-s[0], s[2]))
+        shape = next((s for s in order if s not in running), order[0])
         lo, hi = mfs_values[0], mfs_values[-1]
         start = self._base.mem_fraction_static if self._base and self._base.mem_fraction_static else lo + 0.55 * (hi - lo)
         ls = M.launches(trials, None)
