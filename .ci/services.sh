@@ -11,6 +11,14 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 PY=${PY:-$ROOT/.venv/bin/python}
 PG_DIR=$ROOT/.ci/.postgres
+# The cluster lives beside the clone, unless the postgres user cannot reach it (a clone under a
+# 0700 directory such as /root or a mktemp -d): then under postgres's own home, one per clone.
+PG_DATA=$PG_DIR/data
+PG_SOCK=$PG_DIR
+if id postgres >/dev/null 2>&1 && ! runuser -u postgres -- test -x "$ROOT" 2>/dev/null; then
+  PG_SOCK=/var/lib/postgresql/sglang-tuner-$(printf %s "$ROOT" | md5sum | cut -c1-8)
+  PG_DATA=$PG_SOCK/data
+fi
 PG_PORT=${PG_PORT:-5433}
 WHEELHOUSE=$ROOT/.ci/.wheelhouse
 
@@ -56,14 +64,17 @@ postgres_up() {
   apt_install postgresql
   local bin
   bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)
-  mkdir -p "$PG_DIR"
-  chown postgres:postgres "$PG_DIR"
-  if [ ! -f "$PG_DIR/data/PG_VERSION" ]; then
-    runuser -u postgres -- "$bin/initdb" -D "$PG_DIR/data" -A trust -U postgres >/dev/null
+  mkdir -p "$PG_DIR" "$PG_SOCK"
+  chown postgres:postgres "$PG_DIR" "$PG_SOCK"
+  if ! runuser -u postgres -- test -x "$ROOT" 2>/dev/null; then
+    log "postgres cannot reach $ROOT: its cluster is in $PG_DATA"
   fi
-  if ! runuser -u postgres -- "$bin/pg_ctl" -D "$PG_DIR/data" status >/dev/null 2>&1; then
-    runuser -u postgres -- "$bin/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/server.log" -w \
-      -o "-c listen_addresses=127.0.0.1 -p $PG_PORT -k $PG_DIR" start >/dev/null
+  if [ ! -f "$PG_DATA/PG_VERSION" ]; then
+    runuser -u postgres -- "$bin/initdb" -D "$PG_DATA" -A trust -U postgres >/dev/null
+  fi
+  if ! runuser -u postgres -- "$bin/pg_ctl" -D "$PG_DATA" status >/dev/null 2>&1; then
+    runuser -u postgres -- "$bin/pg_ctl" -D "$PG_DATA" -l "$PG_SOCK/server.log" -w \
+      -o "-c listen_addresses=127.0.0.1 -p $PG_PORT -k $PG_SOCK" start >/dev/null
   fi
   echo "TUNER_TEST_POSTGRES=postgresql://postgres@127.0.0.1:$PG_PORT/postgres" > "$PG_DIR/env"
   log "postgres up on 127.0.0.1:$PG_PORT"
@@ -83,10 +94,10 @@ up() {
 
 down() {
   if [ -x .ci/testhost.sh ] && [ "$(id -u)" = 0 ]; then .ci/testhost.sh down >/dev/null 2>&1 || true; fi
-  if [ -f "$PG_DIR/data/PG_VERSION" ]; then
+  if [ -f "$PG_DATA/PG_VERSION" ]; then
     local bin
     bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
-    [ -n "$bin" ] && runuser -u postgres -- "$bin/pg_ctl" -D "$PG_DIR/data" -m fast stop >/dev/null 2>&1 || true
+    [ -n "$bin" ] && runuser -u postgres -- "$bin/pg_ctl" -D "$PG_DATA" -m fast stop >/dev/null 2>&1 || true
   fi
 }
 
