@@ -33,7 +33,7 @@ import json
 import math
 import statistics
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable
 
 import httpx
@@ -129,9 +129,10 @@ class Measurement:
     server_accept_length: float | None = None  # avg_spec_accept_length: a cross-check only
     accept_length_source: str = "unknown"  # "sglext" | "generate" | "no speculation" | "unknown"
     thinking_tokens: int | None = None  # completion tokens that were thinking (usage.reasoning_tokens)
-    # Verify steps by tokens they produced: accept_histogram[k] = steps that accepted k drafts
-    # (1 + k tokens), from the depth probe (`depth_histogram`); None without speculation or
-    # when the server streams no per-step counts.  What tuner/search/model.py fits acceptance on.
+    # Verify steps by drafts accepted: accept_histogram[k] = steps that accepted k drafts
+    # (1 + k tokens), summed over the measured requests (`_acceptance` says from where); None
+    # without speculation or when the server gives no per-step counts.  What
+    # tuner/search/model.py fits acceptance on.
     accept_histogram: tuple[int, ...] | None = None
 
     @property
@@ -534,8 +535,7 @@ async def _measure(
         server_accept = await asyncio.to_thread(client.accept_length)
     finally:
         await runner.close()
-    m = _measurement(bench, info, single, conc, accept, server_accept, duration_s=time.monotonic() - began)
-    return replace(m, accept_histogram=histogram) if histogram else m
+    return _measurement(bench, info, single, conc, accept, server_accept, histogram, duration_s=time.monotonic() - began)
 
 
 async def _acceptance(runner: "_Runner", info: ServerInfo, bench: BenchConfig, workload: Workload,
@@ -574,8 +574,6 @@ async def depth_histogram(runner: "_Runner", info: ServerInfo, bench: BenchConfi
     """The depth probe, for a server that reports no accept histogram: the single-stream
     prompts once more through streaming `/generate`, counting verify steps by accepted drafts
     (`generate_steps`).  A few seconds per trial; None when the stream gives no per-step counts."""
-    if not info.speculative:
-        return None
     hist: list[int] = []
     for prompt in workload.for_phase("single", bench.single_requests):
         for tokens in await runner.generate_steps(prompt, bench.max_tokens):
@@ -586,7 +584,7 @@ async def depth_histogram(runner: "_Runner", info: ServerInfo, bench: BenchConfi
 
 
 def _measurement(bench: BenchConfig, info: ServerInfo, single: _Single, conc: _Concurrent, accept: tuple[float | None, str],
-                 server_accept: float | None, *, duration_s: float) -> Measurement:
+                 server_accept: float | None, histogram: tuple[int, ...] | None, *, duration_s: float) -> Measurement:
     thinking = [r.reasoning_tokens for r in single.results + conc.results if r.reasoning_tokens is not None]
     ttfts = [r.ttft_s * 1000 for r in single.results]
     itls = [x * 1000 for r in single.results for x in r.itl_s()]
@@ -602,6 +600,7 @@ def _measurement(bench: BenchConfig, info: ServerInfo, single: _Single, conc: _C
         request_tokens=bench.request_tokens,
         accept_length=accept[0],
         accept_length_source=accept[1],
+        accept_histogram=histogram,
         server_accept_length=server_accept,
         ranks=info.ranks,
         thinking_tokens=sum(thinking) if thinking else None,
