@@ -17,7 +17,7 @@ is started:
    per-level jitter (the measured CV of one configuration is 0.7-0.9%,
    benchmarks/results/measurement_noise.txt), drawn from the seed.  The launch's running-request
    cap is recorded with it, as the tuner records `max_running_requests` from /server_info.
-2. **The table.** Those figures go through the tuner's own code (`tuner/results/schedule.py`:
+2. **The table.** Those figures go through the tuner's own code (`tuner/results/adaptive_table.py`:
    `figures`, `choose`, `table_for`, `dumps`): the JSON `tuner.schedule` would write.
 3. **Evaluation**, noise-free: the best static configuration at each level (each level's own
    best steps, at its own cap); SGLang's default table and the tuned table replayed with
@@ -51,7 +51,7 @@ from sglang_emulator import landscape as L  # noqa: E402
 from sglang_emulator import model as m  # noqa: E402
 from sglang_emulator.adaptive import AdaptiveTable, load_adaptive_config  # noqa: E402
 from sglang_emulator.profiles import PROFILES  # noqa: E402
-from tuner.results import schedule as sch  # noqa: E402
+from tuner.results import adaptive_table as sch  # noqa: E402
 
 OUT = REPO / "benchmarks" / "results" / "schedule_benchmark.md"
 LAUNCH_NOISE = 0.01  # engine.py: launch_factor = exp(N(0, step_noise / 2)), step_noise 0.02
@@ -193,7 +193,7 @@ def case_markdown(case: Case, temperature: float, results: list[LevelResult], co
                      f"| {r.default:,.0f} ({_visits(r.default_visits)}) | {mean:,.0f} ({_visits(r.tuned_visits)}{running}) "
                      f"| {_pct(mean / r.best - 1)} / {_pct(worst / r.best - 1)} | {_pct(r.exact / r.best - 1)} | {_pct(mean / r.default - 1)} |")
     rows = [sch.Row(r.level, _figure(r), r.default, min(r.tuned)) for r in results]
-    lines += ["", f"Verdict (tuner.results.schedule.verdict, worst seed): {sch.verdict(rows)}.", ""]
+    lines += ["", f"Verdict (tuner.results.adaptive_table.verdict, worst seed): {sch.verdict(rows)}.", ""]
     return "\n".join(lines)
 
 

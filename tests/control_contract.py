@@ -14,8 +14,8 @@ import time
 import pytest
 
 from tuner.errors import HostError
-from tuner.target.control.base import TUNER_ID
-from tuner.target.launch import LaunchSpec
+from tuner.server.control.base import TUNER_ID
+from tuner.server.launch import LaunchSpec
 
 
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.1):

@@ -25,7 +25,7 @@ from tuner.measure.runner import Measurement, measure
 from tuner.measure.workload import load_workload
 from tuner.results.terminal import fmt
 from tuner.sequence import connected, launch_and_measure
-from tuner.target.client import ServerClient
+from tuner.server.client import ServerClient
 
 __all__ = ["main", "measurement_table", "warnings_for", "build_parser", "blame_flags"]
 

@@ -24,10 +24,10 @@ from tuner.results.picks import PICKS, pick
 from tuner.results.storage import existing_storage, load_existing_study, study_summaries
 from tuner.results.record import params_of
 from tuner.sequence import connected, launch
-from tuner.target.control.process import ProcessControl
-from tuner.target.control.systemd import APPLIED_NAME, SystemdControl, render_dropin
-from tuner.target.launch import launch_spec
-from tuner.target.readiness import wait_ready
+from tuner.server.control.process import ProcessControl
+from tuner.server.control.systemd import APPLIED_NAME, SystemdControl, render_dropin
+from tuner.server.launch import launch_spec
+from tuner.server.readiness import wait_ready
 
 __all__ = ["main", "build_parser"]
 

@@ -35,7 +35,7 @@ from tuner.results.picks import measured_front
 from tuner.results.storage import existing_storage
 from tuner.search.preview import first_proposals
 from tuner.sequence import connected
-from tuner.target.launch import command_spec
+from tuner.server.launch import command_spec
 from tuner.results.terminal import baselines_table, counts_line, pareto_table, trial_line
 from tuner.search.samplers import SAMPLERS
 from tuner.sglang_args import Params

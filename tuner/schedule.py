@@ -8,11 +8,11 @@
    measured at those levels is reused; each steps value still missing is launched once and
    measured at every level, recorded as a trial of `<name>@baselines` with `schedule` in its
    user attrs.
-2. The table (`tuner/results/schedule.py`): per level, one candidate, the measured best within
+2. The table (`tuner/results/adaptive_table.py`): per level, one candidate, the measured best within
    the running-request cap the largest candidate leaves every level; written to `--out`
    (default `studies/<name>.adaptive.json`) and printed.
 3. Unless `--no-verify`: the adaptive server launched with it and with SGLang's default table,
-   every level measured, then a changing-load run (`tuner/schedule_verify.py`).
+   every level measured, then a changing-load run.
 4. `--apply`: installed as `tuner.best --apply` installs a configuration, the JSON beside the
    drop-in (`/etc/sglang-tuner/<unit>.adaptive.json`) or the process's workdir; `--restore`
    undoes it.
@@ -37,16 +37,16 @@ from tuner.measure.objectives import load_objectives
 from tuner.measure.workload import load_workload
 from tuner.progress import SilentReporter
 from tuner.results import artifacts, baselines
-from tuner.results import schedule as sch
+from tuner.results import adaptive_table as sch
 from tuner.results.optuna_private import storage_of, trial_id_of
 from tuner.results.record import SPECULATIVE_ADAPTIVE
 from tuner.results.storage import load_existing_study
 from tuner.sequence import Target, connected, launch, measure_server
 from tuner.sglang_args import ADAPTIVE_ALGORITHMS, SPECULATIVE_SHAPE, CommandLine, Params
-from tuner.target.control.process import ProcessControl
-from tuner.target.control.systemd import APPLIED_NAME, SystemdControl
-from tuner.target.launch import LaunchSpec, command_spec
-from tuner.target.readiness import wait_ready
+from tuner.server.control.process import ProcessControl
+from tuner.server.control.systemd import APPLIED_NAME, SystemdControl
+from tuner.server.launch import LaunchSpec, command_spec
+from tuner.server.readiness import wait_ready
 from tuner.trial import TrialRunner
 
 __all__ = ["main", "Plan", "plan_for", "gather", "adaptive_spec", "table_path_on_target"]

@@ -30,9 +30,9 @@ from tuner.search.space import suggest
 from tuner.search.warm_start import family_default_from_server
 from tuner.sequence import Target, launch, measure_server
 from tuner.sglang_args import Params, redact
-from tuner.target.client import ServerInfo
-from tuner.target.diagnose import runtime_memory_failure
-from tuner.target.launch import LaunchSpec
+from tuner.server.client import ServerInfo
+from tuner.server.diagnose import runtime_memory_failure
+from tuner.server.launch import LaunchSpec
 
 __all__ = ["TrialRunner", "WORKER"]
 

@@ -10,7 +10,7 @@ import textwrap
 import optuna
 import pytest
 
-from tuner.target.client import ServerClient
+from tuner.server.client import ServerClient
 from tuner.config import parse_config
 from sglang_emulator import model as m
 from sglang_emulator.profiles import PROFILES

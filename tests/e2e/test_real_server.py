@@ -10,7 +10,7 @@ from tuner.config import parse_config
 from tuner.measure.runner import measure
 from tuner.measure.workload import load_workload
 from tuner.results import record
-from tuner.target.client import ServerClient
+from tuner.server.client import ServerClient
 
 from ..conftest import run_cli, write_config
 

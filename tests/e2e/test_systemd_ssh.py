@@ -271,8 +271,8 @@ class TestProcessControlOverSSH(ControlContract):
 
     def make_control(self, tmp_path):
         from tuner.config import TargetConfig
-        from tuner.target.control.process import ProcessControl
-        from tuner.target.host import connect
+        from tuner.server.control.process import ProcessControl
+        from tuner.server.host import connect
 
         h = self.host_env
         target = TargetConfig(host=f"{h['TH_USER']}@{h['TH_HOST']}:{h['TH_PORT']}", identity_file=h["TH_KEY"], known_hosts=h["TH_KNOWN_HOSTS"])
@@ -356,8 +356,8 @@ def test_schedule_apply_installs_the_table_beside_a_drop_in_and_restore_removes_
 def test_two_units_side_by_side_and_a_second_tuner_on_one_is_refused(tmp_path, host):
     from tuner.config import TargetConfig
     from tuner.errors import HostError
-    from tuner.target.control.systemd import SystemdControl
-    from tuner.target.host import connect
+    from tuner.server.control.systemd import SystemdControl
+    from tuner.server.host import connect
 
     target = TargetConfig(host=f"{host['TH_USER']}@{host['TH_HOST']}:{host['TH_PORT']}", identity_file=host["TH_KEY"],
                           known_hosts=host["TH_KNOWN_HOSTS"], manager="systemd", unit="x")

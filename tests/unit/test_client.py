@@ -5,7 +5,7 @@ import pytest
 
 from tuner.errors import MeasureError
 
-from tuner.target.client import ServerClient
+from tuner.server.client import ServerClient
 
 
 def _client(handler) -> ServerClient:
@@ -61,7 +61,7 @@ def test_server_info_reads_each_dp_rank_never_rank_zero_times_dp():
 
 def test_capacity_is_summed_per_rank():
     from tuner.measure.runner import Measurement
-    from tuner.target.client import Rank
+    from tuner.server.client import Rank
 
     m = Measurement(single_tps=1, single_runs=(1,), single_ci95=(1, 1), concurrent_tps_by_level={1: 1}, concurrent_window_s={1: 1},
                     max_total_num_tokens=25_000, max_running_requests=20, request_tokens=1000, accept_length=None,

@@ -173,7 +173,7 @@ def test_an_interrupted_baseline_records_why(tmp_path):
 
     from tuner.progress import SilentReporter
     from tuner.results.baselines import baseline_command
-    from tuner.target.launch import command_spec
+    from tuner.server.launch import command_spec
     from tuner.trial import TrialRunner
 
     cfg = _config()

@@ -3,8 +3,8 @@
 import pytest
 
 from tuner.config import parse_config
-from tuner.target.diagnose import classify, early_failure
-from tuner.target.launch import launch_spec
+from tuner.server.diagnose import classify, early_failure
+from tuner.server.launch import launch_spec
 from tuner.sglang_args import Params
 
 CFG = parse_config('[study]\nname = "s"\n[server]\ncommand = "python3 -m sglang.launch_server --model-path m --speculative-num-steps 1 --mem-fraction-static=0.7 --port 30000"\nenv = { HF_TOKEN = "hf_secretvalue", CUDA_VISIBLE_DEVICES = "0,1" }\n')

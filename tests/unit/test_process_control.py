@@ -6,8 +6,8 @@ import subprocess
 import time
 
 from tuner.config import TargetConfig
-from tuner.target.control.process import ProcessControl
-from tuner.target.host import connect
+from tuner.server.control.process import ProcessControl
+from tuner.server.host import connect
 
 from ..control_contract import ControlContract, wait_for
 

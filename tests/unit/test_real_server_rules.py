@@ -4,7 +4,7 @@ import pytest
 
 from tuner.config import parse_config
 from tuner.errors import ConfigError
-from tuner.target.diagnose import classify, runtime_memory_failure
+from tuner.server.diagnose import classify, runtime_memory_failure
 
 GRAPH_OOMS = [
     "Exception: Capture cuda graph failed: CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported",

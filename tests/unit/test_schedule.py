@@ -1,5 +1,5 @@
 """The per-load schedule's pure half: SGLang's loader rules, the choice per level with ties, and
-which measurements are reused (tuner/results/schedule.py)."""
+which measurements are reused (tuner/results/adaptive_table.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from optuna.distributions import IntDistribution
 from optuna.trial import TrialState, create_trial
 
-from tuner.results import schedule as sch
+from tuner.results import adaptive_table as sch
 
 
 # SGLang 0.5.23, srt/speculative/adaptive_spec_params.py · _load_adaptive_config (l.103-139),

@@ -6,7 +6,8 @@ from tuner import sequence
 from tuner.config import parse_config
 from tuner.errors import LaunchError
 from tuner.sglang_args import CommandLine, Params
-from tuner.target.launch import LaunchSpec
+from tuner.server.launch import LaunchSpec
+from tuner.server.connection import Target
 
 
 class FakeControl:
@@ -23,7 +24,7 @@ class FakeControl:
 
 def _target(control):
     cfg = parse_config('[study]\nname = "s"\n[server]\ncommand = "python -m sglang.launch_server --model-path m"\n')
-    return sequence.Target(cfg, shell=None, control=control, client=None, api_key=None, command=CommandLine.parse(cfg.server.argv))
+    return Target(cfg, shell=None, control=control, client=None, api_key=None, command=CommandLine.parse(cfg.server.argv))
 
 
 def test_a_held_port_is_launched_again_after_the_old_processes_are_gone(monkeypatch):

@@ -40,7 +40,7 @@ import httpx
 import openai
 from scipy import stats
 
-from tuner.target.client import Rank, ServerClient, ServerInfo
+from tuner.server.client import Rank, ServerClient, ServerInfo
 from tuner.config import BenchConfig
 from tuner.errors import MeasureError
 from tuner.measure.workload import Prompt, Workload

@@ -13,7 +13,7 @@ from typing import Any
 
 from tuner.measure.runner import Measurement
 from tuner.sglang_args import SEARCHED, Params
-from tuner.target.client import ServerInfo
+from tuner.server.client import ServerInfo
 
 __all__ = [
     "LAUNCH_COMMAND", "FLAGS", "TARGET", "URL", "WORKER", "FAIL_REASON", "FAILURE_KIND", "LOG_TAIL",

@@ -35,7 +35,7 @@ from optuna.trial import TrialState
 from sqlalchemy import exc as sa_exc
 
 from tuner.errors import TunerError
-from tuner.target.control.base import pid_alive
+from tuner.server.control.base import pid_alive
 from tuner.results.optuna_private import HeartbeatForwarding, storage_of
 
 __all__ = ["ResilientStorage", "StorageOutage", "settle", "watch", "reraise_outage", "redacted_url"]

@@ -15,7 +15,7 @@ from typing import Callable
 import optuna
 
 from tuner.results import record
-from tuner.target.control.base import pid_alive
+from tuner.server.control.base import pid_alive
 from tuner.results.optuna_private import heartbeat_stale_trial_ids, storage_of, trial_id_of
 
 __all__ = ["recover_stale_trials"]

@@ -71,7 +71,7 @@ class Report:
     generated: str = ""
     baselines: Table = field(default_factory=lambda: Table([], []))  # the no-speculation / adaptive arms
     over_baselines: list[str] = field(default_factory=list)  # what tuning adds over each
-    schedule: Any = None  # report.schedule.ScheduleSection: the latest tuned adaptive table, if any
+    schedule: Any = None  # report.adaptive_section.ScheduleSection: the latest tuned adaptive table, if any
     # Configurations never launched that the model sampler's model expects on or near the
     # front (tuner/search/model_sampler.py · predicted_front), set by tuner.report.
     predicted: Table | None = None

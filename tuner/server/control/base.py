@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from tuner.errors import HostError
-from tuner.target.host import Shell
-from tuner.target.launch import LaunchSpec
+from tuner.server.host import Shell
+from tuner.server.launch import LaunchSpec
 
 __all__ = ["ServiceStatus", "ServiceControl", "LOG_LIMIT_BYTES", "OwnerLock", "TUNER_ID"]
 

@@ -21,9 +21,9 @@ import time
 from urllib.parse import urlsplit
 
 from tuner.errors import HostError
-from tuner.target.host import Shell
-from tuner.target.launch import LaunchSpec
-from tuner.target.control.base import LogBuffer, OwnerLock, ServiceStatus
+from tuner.server.host import Shell
+from tuner.server.launch import LaunchSpec
+from tuner.server.control.base import LogBuffer, OwnerLock, ServiceStatus
 
 __all__ = ["ProcessControl", "state_name"]
 

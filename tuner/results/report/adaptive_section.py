@@ -10,7 +10,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.results import record
-from tuner.results import schedule as sch
+from tuner.results import adaptive_table as sch
 from tuner.results.baselines import study_name_for
 from tuner.results.optuna_private import storage_of
 from tuner.results.report.contents import Table

@@ -25,9 +25,9 @@ import shlex
 import time
 
 from tuner.errors import HostError
-from tuner.target.host import Shell
-from tuner.target.launch import LaunchSpec
-from tuner.target.control.base import LogBuffer, OwnerLock, ServiceStatus
+from tuner.server.host import Shell
+from tuner.server.launch import LaunchSpec
+from tuner.server.control.base import LogBuffer, OwnerLock, ServiceStatus
 
 __all__ = ["SystemdControl", "systemd_quote", "render_dropin", "DROPIN_NAME"]
 

@@ -13,9 +13,9 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from tuner.target.client import ServerClient, ServerInfo
-from tuner.target.control.base import ServiceControl
-from tuner.target.diagnose import classify, early_failure
+from tuner.server.client import ServerClient, ServerInfo
+from tuner.server.control.base import ServiceControl
+from tuner.server.diagnose import classify, early_failure
 from tuner.errors import LaunchError, MeasureError
 from tuner.sglang_args import Params
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from tuner.config import Config
-from tuner.target.host import Shell
-from tuner.target.control.base import ServiceControl, ServiceStatus
-from tuner.target.control.process import ProcessControl, state_name
+from tuner.server.host import Shell
+from tuner.server.control.base import ServiceControl, ServiceStatus
+from tuner.server.control.process import ProcessControl, state_name
 
 __all__ = ["ServiceControl", "ServiceStatus", "ProcessControl", "control_for"]
 
@@ -13,7 +13,7 @@ __all__ = ["ServiceControl", "ServiceStatus", "ProcessControl", "control_for"]
 def control_for(config: Config, shell: Shell) -> ServiceControl:
     target = config.target
     if target.manager == "systemd":
-        from tuner.target.control.systemd import SystemdControl
+        from tuner.server.control.systemd import SystemdControl
 
         return SystemdControl(shell, unit=target.unit, name=config.study.name, stop_timeout_s=target.stop_timeout_s,
                               leave_best=target.leave_best)
