@@ -56,7 +56,7 @@ def measurement_table(m: Measurement, objectives) -> Table:
 
 
 def _accept_detail(m: Measurement) -> str:
-    """Where the accept length came from (runner._acceptance), and the depth histogram."""
+    """Where the accept length came from (tuner/measure/phases.py · acceptance), and the depth histogram."""
     source = {"sglext": "completion tokens / spec_verify_ct of every measured request (sglext)",
               "generate": "completion tokens / spec_verify_ct of native /generate requests",
               "no speculation": "one token per forward", "unknown": "the server reports no verify steps"}

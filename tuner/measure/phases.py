@@ -1,0 +1,157 @@
+"""The phases of a measurement, in the order they run: warm-up, single stream (passes until
+the mean's interval is tight), the concurrent levels (a closed loop per level), and the
+acceptance figures gathered from what those requests reported."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+from dataclasses import dataclass, field
+
+from tuner.config import BenchConfig
+from tuner.errors import MeasureError
+from tuner.measure.result import Progress, RequestResult
+from tuner.measure.stats import percentile, steady_window_rate, summarize_rate
+from tuner.measure.wire import StreamClient, sum_histograms
+from tuner.measure.workload import Prompt, Workload
+from tuner.server.client import ServerInfo
+
+__all__ = ["closed_loop", "Single", "Concurrent", "warm_up", "single_phase", "concurrent_phases", "acceptance", "depth_histogram"]
+
+
+async def closed_loop(runner: StreamClient, prompts: list[Prompt], concurrency: int, progress: Progress | None, phase: str) -> list[RequestResult]:
+    queue = list(reversed(prompts))
+    results: list[RequestResult] = []
+
+    async def worker() -> None:
+        while queue:
+            prompt = queue.pop()
+            results.append(await runner.one(prompt, runner.bench.max_tokens))
+            if progress:
+                progress(phase, len(results), len(prompts))
+
+    tasks = [asyncio.create_task(worker()) for _ in range(min(concurrency, len(prompts)))]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    return results
+
+
+@dataclass
+class Single:
+    results: list[RequestResult]
+    rates: list[float]  # one mean decode rate per pass
+    tps: float
+    ci95: tuple[float, float]
+    reference_tps: float | None  # stopping at EOS, when the workload ignores it
+
+
+@dataclass
+class Concurrent:
+    results: list[RequestResult] = field(default_factory=list)
+    by_level: dict[int, float] = field(default_factory=dict)
+    whole_phase: dict[int, float] = field(default_factory=dict)
+    windows: dict[int, float] = field(default_factory=dict)
+    p99_itl: dict[int, float] = field(default_factory=dict)
+    p99_ttft: dict[int, float] = field(default_factory=dict)
+
+
+async def warm_up(runner: StreamClient, bench: BenchConfig, workload: Workload, progress: Progress | None) -> None:
+    for i, prompt in enumerate(workload.for_phase("warmup", bench.warmup_requests)):
+        await runner.one(prompt, min(bench.max_tokens, 32))
+        if progress:
+            progress("warm-up", i + 1, bench.warmup_requests)
+
+
+async def single_phase(runner: StreamClient, bench: BenchConfig, workload: Workload, progress: Progress | None) -> Single:
+    """Passes over the same prompts until the mean's 95% CI is tight enough."""
+    singles: list[RequestResult] = []
+    rates: list[float] = []
+    pass_prompts = workload.for_phase("single", bench.single_requests)
+    while len(rates) < bench.single_max_passes:
+        pass_rates = []
+        for i, prompt in enumerate(pass_prompts):
+            result = await runner.one(prompt, bench.max_tokens)
+            singles.append(result)
+            if result.decode_tps is not None:
+                pass_rates.append(result.decode_tps)
+            if progress:
+                progress(f"single pass {len(rates) + 1}", i + 1, len(pass_prompts))
+        if not pass_rates:
+            raise MeasureError("no single-stream request produced two tokens; raise [bench] max_tokens")
+        rates.append(statistics.fmean(pass_rates))
+        if len(rates) >= bench.single_min_passes:
+            mean, (lo, hi) = summarize_rate(rates)
+            if (hi - lo) / 2 <= bench.single_target_ci * mean:
+                break
+    single_tps, ci = summarize_rate(rates)
+    reference_tps = None
+    if bench.ignore_eos:
+        # One pass as real traffic ends (at EOS), to show how much ignore_eos inflates.
+        runner.ignore_eos = False
+        natural = [r.decode_tps for r in [await runner.one(p, bench.max_tokens) for p in pass_prompts] if r.decode_tps]
+        runner.ignore_eos = True
+        reference_tps = statistics.fmean(natural) if natural else None
+    return Single(singles, rates, single_tps, ci, reference_tps)
+
+
+async def concurrent_phases(runner: StreamClient, bench: BenchConfig, workload: Workload, progress: Progress | None) -> Concurrent:
+    out = Concurrent()
+    for level in bench.concurrency_levels:
+        results = await closed_loop(runner, workload.for_phase("concurrent", bench.concurrent_requests), level, progress, f"concurrency {level}")
+        out.by_level[level], out.windows[level] = steady_window_rate(results, level)
+        span = max(r.end for r in results) - min(r.start for r in results)
+        out.whole_phase[level] = sum(r.completion_tokens for r in results) / span if span > 0 else 0.0
+        out.p99_itl[level] = percentile([x for r in results for x in r.itl_s()], 0.99) * 1000
+        out.p99_ttft[level] = percentile([r.ttft_s for r in results], 0.99) * 1000
+        out.results += results
+    return out
+
+
+async def acceptance(runner: StreamClient, info: ServerInfo, bench: BenchConfig, workload: Workload,
+                      results: list[RequestResult]) -> tuple[tuple[float | None, str], tuple[int, ...] | None]:
+    """Accept length (tokens per verify step over the measured requests) and where it came
+    from, and the verify steps by drafts accepted (tuner/search/model.py reads acceptance by
+    depth from it), each from the best source the server has:
+    1. the chat stream's sglext.spec_tokens_details (0.5.23): spec_verify_ct and
+       spec_correct_drafts_histogram of every measured request;
+    2. native /generate's meta_info over the single-stream prompts (0.5.9: spec_verify_ct and
+       spec_accept_histogram);
+    3. for the histogram only, the depth probe (`depth_histogram`): verify steps read off a
+       stream, for a server that reports no histogram."""
+    if not info.speculative:
+        return (1.0, "no speculation"), None  # one token per forward: exact, not a default
+    counted = [r for r in results if r.spec_verify_ct]
+    accept: tuple[float | None, str] = (None, "unknown")
+    if counted and len(counted) == len(results):
+        accept = (sum(r.completion_tokens for r in counted) / sum(r.spec_verify_ct for r in counted), "sglext")
+    histogram = sum_histograms(r.accept_histogram for r in results) if all(r.accept_histogram for r in results) else None
+    if accept[0] is None or histogram is None:
+        # A server without per-request details on the chat route (0.5.9): the same prompts
+        # through native /generate, whose meta_info carries spec_verify_ct.
+        got = [await runner.generate(p, bench.max_tokens) for p in workload.for_phase("single", bench.single_requests)]
+        pairs = [(tokens, ct) for tokens, ct, _ in got if ct]
+        if accept[0] is None and pairs:
+            accept = (sum(t for t, _ in pairs) / sum(ct for _, ct in pairs), "generate")
+        if histogram is None and got and all(h for _, _, h in got):
+            histogram = sum_histograms(h for _, _, h in got)
+    if histogram is None:
+        histogram = await depth_histogram(runner, info, bench, workload)
+    return accept, histogram
+
+
+async def depth_histogram(runner: StreamClient, info: ServerInfo, bench: BenchConfig, workload: Workload) -> tuple[int, ...] | None:
+    """The depth probe, for a server that reports no accept histogram: the single-stream
+    prompts once more through streaming `/generate`, counting verify steps by accepted drafts
+    (`generate_steps`).  A few seconds per trial; None when the stream gives no per-step counts."""
+    hist: list[int] = []
+    for prompt in workload.for_phase("single", bench.single_requests):
+        for tokens in await runner.generate_steps(prompt, bench.max_tokens):
+            while len(hist) < tokens:
+                hist.append(0)
+            hist[tokens - 1] += 1
+    return tuple(hist) if sum(hist) else None
