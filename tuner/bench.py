@@ -49,6 +49,11 @@ def measurement_table(m: Measurement, objectives) -> Table:
     table.add_row("end-to-end", f"{m.e2e_ms:.0f} ms", f"p90 {m.e2e_p90_ms:.0f}, p99 {m.e2e_p99_ms:.0f}")
     if m.greedy_inflation:
         table.add_row("greedy_inflation", f"{m.greedy_inflation:.2f}x", "single_tps with ignore_eos / stopping at EOS")
+    if m.load_curve is not None:
+        curve = m.load_curve
+        points = ", ".join(f"{p.load}: p95 ITL {p.itl_ms[95]:.1f} ms, p95 TTFT {p.ttft_ms[95]:.0f} ms, {p.attainment:.0%} good"
+                           for p in curve.points)
+        table.add_row("slo_capacity", f"{curve.slo_capacity} requests", f"{curve.note}; {curve.sweep_s:.1f} s of extra load points; {points}")
     for objective, value in zip(objectives, score(objectives, m)):
         table.add_row(f"objective {objective.name}", fmt(value), objective.unit)
     table.add_row("time", f"{m.duration_s:.1f} s", f"{m.completion_tokens:,} completion tokens")

@@ -58,7 +58,7 @@ def consoles() -> tuple[Console, Console]:
     return out, err
 
 
-_SECTION = re.compile(r"\[(study|target|server|space|bench|constraints)\]")
+_SECTION = re.compile(r"\[(study|target|server|space|bench|constraints|slo)\]")
 
 
 def in_config(reason: str, path: str | None) -> str:

@@ -8,6 +8,7 @@ section, the key and the fix.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import shlex
@@ -28,6 +29,7 @@ __all__ = [
     "ServerConfig",
     "SpaceConfig",
     "BenchConfig",
+    "SloConfig",
     "IntRange",
     "FloatRange",
     "Choices",
@@ -303,6 +305,52 @@ class ConstraintsConfig(_Section):
     ttft_ms: float | None = Field(default=None, gt=0)
 
 
+_PERCENTILES = (50, 90, 95, 99)
+
+
+class SloConfig(_Section):
+    """[slo]: the latency promises behind the objective `slo_capacity` (tuner/measure/load_sweep.py).
+
+    A load holds the SLO when every promise holds over its requests (the percentile of their
+    inter-token latencies, the percentile of their times to first token) and at least
+    `attainment` of the requests meet every promise themselves (DistServe's goodput: a request
+    is good only if it meets all of them)."""
+
+    p50_itl_ms: float | None = Field(default=None, gt=0)
+    p90_itl_ms: float | None = Field(default=None, gt=0)
+    p95_itl_ms: float | None = Field(default=None, gt=0)
+    p99_itl_ms: float | None = Field(default=None, gt=0)
+    p50_ttft_ms: float | None = Field(default=None, gt=0)
+    p90_ttft_ms: float | None = Field(default=None, gt=0)
+    p95_ttft_ms: float | None = Field(default=None, gt=0)
+    p99_ttft_ms: float | None = Field(default=None, gt=0)
+    attainment: float = Field(default=0.95, gt=0, le=1)  # share of requests meeting every promise
+    precision: float = Field(default=0.10, gt=0, lt=1)  # relative width the search stops at
+    max_points: int = Field(default=6, ge=1, le=50)  # load points the search may add per trial
+    rounds: int = Field(default=2, ge=1, le=20)  # judged requests per point, in multiples of the load
+
+    @model_validator(mode="after")
+    def _check(self) -> "SloConfig":
+        if not self.promises:
+            raise ValueError("no latency promise; add one, e.g. p95_itl_ms = 50")
+        return self
+
+    @property
+    def promises(self) -> list[tuple[str, int, float]]:
+        """(metric "itl" | "ttft", percentile, limit in ms) for every promise set."""
+        out = []
+        for metric in ("itl", "ttft"):
+            for q in _PERCENTILES:
+                limit = getattr(self, f"p{q}_{metric}_ms")
+                if limit is not None:
+                    out.append((metric, q, float(limit)))
+        return out
+
+    def describe(self) -> str:
+        parts = [f"p{q} {metric.upper()} <= {limit:g} ms" for metric, q, limit in self.promises]
+        return ", ".join(parts) + f", {self.attainment:.0%} of requests good"
+
+
 class Config(_Section):
     study: StudyConfig
     target: TargetConfig = Field(default_factory=TargetConfig)
@@ -310,6 +358,7 @@ class Config(_Section):
     space: SpaceConfig = Field(default_factory=SpaceConfig)
     bench: BenchConfig = Field(default_factory=BenchConfig)
     constraints: ConstraintsConfig = Field(default_factory=ConstraintsConfig)
+    slo: SloConfig | None = None
     path: str = "<config>"
     base_dir: str = "."
     storage_flag: bool = False  # the storage URL came from --storage (errors name the flag)
@@ -320,6 +369,13 @@ class Config(_Section):
             return self.study.storage
         # The contract's default, relative to the working directory like any sqlite URL.
         return f"sqlite:///studies/{self.study.name}.db"
+
+    @property
+    def sweep_slo(self) -> SloConfig | None:
+        """[slo] when an objective needs the search over load (slo_capacity), else None: the
+        search costs seconds per trial, so it runs only when something scores it."""
+        wanted = any(name.partition("@")[0] == "slo_capacity" for name in self.study.objectives)
+        return self.slo if wanted else None
 
     @property
     def artifacts_dir(self) -> Path:
@@ -342,7 +398,12 @@ def _describe(error: dict[str, Any]) -> str:
     for prefix in ("Value error, ", "Assertion failed, "):
         if message.startswith(prefix):
             message = message[len(prefix):]
-    if error["type"] == "extra_forbidden":
+    if error["type"] == "extra_forbidden" and loc[:1] == ["slo"]:
+        close = difflib.get_close_matches(loc[-1], list(SloConfig.model_fields), n=1)
+        message = (f"unknown key; did you mean {close[0]}?" if close else
+                   "unknown key; [slo] takes p50_/p90_/p95_/p99_itl_ms, the same for _ttft_ms, "
+                   "attainment, precision, max_points and rounds")
+    elif error["type"] == "extra_forbidden":
         message = "unknown key; check its spelling against the README's config reference"
     elif error["type"] == "missing":
         message = "is required"
@@ -366,7 +427,7 @@ def _parse(path: str, text: str, base_dir: str) -> Config:
         if first["type"] == "extra_forbidden" and len(first["loc"]) == 1:
             raise ConfigError(
                 f"{path}: unknown section [{first['loc'][0]}]; sections are [study], [target], "
-                "[server], [space], [bench], [constraints]"
+                "[server], [space], [bench], [constraints], [slo]"
             ) from None
         raise ConfigError(f"{path} {_describe(first)}") from None
     _check_cross(config)
@@ -410,9 +471,17 @@ def _check_cross(config: Config) -> None:
         socket.getaddrinfo(host, None)
     except socket.gaierror:
         raise ConfigError(f"{config.path} [target] url: cannot resolve host {host!r}; fix the URL (the server's address as seen from the tuner)") from None
+    _check_slo(config)
     prompts = config.bench.prompts
     if prompts != "builtin" and not config.resolve_path(prompts).exists():
         raise ConfigError(f"{config.path} [bench] prompts: {prompts} does not exist; give a JSONL or ShareGPT JSON file, or \"builtin\"")
+
+
+def _check_slo(config: Config) -> None:
+    wants = any(name.partition("@")[0] == "slo_capacity" for name in config.study.objectives)
+    if wants and config.slo is None:
+        raise ConfigError(f"{config.path} [study] objectives: slo_capacity needs the promise it holds; "
+                          "add an [slo] section, e.g. p95_itl_ms = 50")
 
 
 def load_config(path: str | os.PathLike[str] = DEFAULT_CONFIG) -> Config:

@@ -55,9 +55,9 @@ def launch(target: Target, spec: LaunchSpec, *, phase: Phase = lambda _: None) -
 def measure_server(target: Target, info: ServerInfo, workload: Workload, *, phase: Phase = lambda _: None,
                    bench: BenchConfig | None = None) -> Measurement:
     """Run the configured benchmark (or `bench`) against a ready server; raise `MeasureError`
-    if it fails."""
+    if it fails.  The configured one includes the search over load when an objective needs it."""
     return measure(url=target.config.target.url, bench=bench or target.config.bench, info=info, workload=workload,
-                   client=target.client, api_key=target.api_key,
+                   client=target.client, api_key=target.api_key, slo=None if bench else target.config.sweep_slo,
                    progress=lambda name, done, total: phase(f"{name} {done}/{total}"))
 
 

@@ -58,6 +58,7 @@ class Concurrent:
     windows: dict[int, float] = field(default_factory=dict)
     p99_itl: dict[int, float] = field(default_factory=dict)
     p99_ttft: dict[int, float] = field(default_factory=dict)
+    per_level: dict[int, list[RequestResult]] = field(default_factory=dict)  # each level's requests (load_sweep reuses them)
 
 
 async def warm_up(runner: StreamClient, bench: BenchConfig, workload: Workload, progress: Progress | None) -> None:
@@ -109,6 +110,7 @@ async def concurrent_phases(runner: StreamClient, bench: BenchConfig, workload: 
         out.p99_itl[level] = percentile([x for r in results for x in r.itl_s()], 0.99) * 1000
         out.p99_ttft[level] = percentile([r.ttft_s for r in results], 0.99) * 1000
         out.results += results
+        out.per_level[level] = results
     return out
 
 

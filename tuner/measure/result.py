@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from tuner.server.client import Rank
+
+if TYPE_CHECKING:
+    from tuner.measure.load_sweep import LoadCurve
 
 __all__ = ["RequestResult", "Measurement", "Progress"]
 
@@ -99,6 +102,8 @@ class Measurement:
     # without speculation or when the server gives no per-step counts.  What
     # tuner/search/model.py fits acceptance on.
     accept_histogram: tuple[int, ...] | None = None
+    # The search over load behind slo_capacity (tuner/measure/load_sweep.py), when [slo] is needed.
+    load_curve: "LoadCurve | None" = None
 
     @property
     def capacity(self) -> int:

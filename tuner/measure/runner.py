@@ -21,7 +21,10 @@ Order (each phase's definition is in the README, "What the figures mean"):
    phase reads stale or nothing (docs/sglang-real-server.md rows 5, 6).  Unknown stays unknown.
    The same sources give the verify steps by drafts accepted (`accept_histogram`, from which
    tuner/search/model.py reads acceptance by depth); a server reporting none gets a depth probe
-   (row 18: a stream's chunks are not always one verify step each).
+   (row 18: a stream's chunks are not always one verify step each);
+6. with `[slo]` needed (the objective slo_capacity), the search over load
+   (`load_sweep.py`): the loads measured above reused, new closed-loop loads bracketed and
+   bisected up to the running-request cap.
 
 Tokens are counted from each response's `usage`, never from stream chunks: SGLang sends every
 token accepted in one verify step as one chunk.  A thinking model's first token may be
@@ -35,8 +38,8 @@ import asyncio
 import statistics
 import time
 
-from tuner.config import BenchConfig
-from tuner.measure import phases
+from tuner.config import BenchConfig, SloConfig
+from tuner.measure import load_sweep, phases
 from tuner.measure.result import Measurement, Progress, RequestResult
 from tuner.measure.stats import percentile, steady_window_rate, summarize_rate
 from tuner.measure.wire import StreamClient, step_tokens
@@ -56,15 +59,18 @@ def measure(
     client: ServerClient,
     api_key: str | None = None,
     progress: Progress | None = None,
+    slo: SloConfig | None = None,
 ) -> Measurement:
-    """Run the benchmark against a ready server; raise MeasureError if it fails or dies."""
+    """Run the benchmark against a ready server; raise MeasureError if it fails or dies.
+    With `slo`, also the search over load behind slo_capacity (6. below)."""
     return asyncio.run(
-        _measure(url=url, api_key=api_key, bench=bench, info=info, workload=workload, client=client, progress=progress)
+        _measure(url=url, api_key=api_key, bench=bench, info=info, workload=workload, client=client, progress=progress, slo=slo)
     )
 
 
 async def _measure(
-    *, url: str, api_key: str | None, bench: BenchConfig, info: ServerInfo, workload: Workload, client: ServerClient, progress: Progress | None
+    *, url: str, api_key: str | None, bench: BenchConfig, info: ServerInfo, workload: Workload, client: ServerClient, progress: Progress | None,
+    slo: SloConfig | None = None,
 ) -> Measurement:
     began = time.monotonic()
     model = str(info.args.get("served_model_name") or info.args.get("model_path") or "default")
@@ -76,13 +82,19 @@ async def _measure(
         conc = await phases.concurrent_phases(runner, bench, workload, progress)
         accept, histogram = await phases.acceptance(runner, info, bench, workload, single.results + conc.results)
         server_accept = await asyncio.to_thread(client.accept_length)
+        curve = None
+        if slo is not None:
+            curve = await load_sweep.sweep(runner, slo, workload, cap=info.max_running_requests, single=single.results,
+                                           levels=conc.per_level, progress=progress)
     finally:
         await runner.close()
-    return _measurement(bench, info, single, conc, accept, server_accept, histogram, duration_s=time.monotonic() - began)
+    return _measurement(bench, info, single, conc, accept, server_accept, histogram, duration_s=time.monotonic() - began,
+                        load_curve=curve)
 
 
 def _measurement(bench: BenchConfig, info: ServerInfo, single: phases.Single, conc: phases.Concurrent, accept: tuple[float | None, str],
-                 server_accept: float | None, histogram: tuple[int, ...] | None, *, duration_s: float) -> Measurement:
+                 server_accept: float | None, histogram: tuple[int, ...] | None, *, duration_s: float,
+                 load_curve: load_sweep.LoadCurve | None = None) -> Measurement:
     thinking = [r.reasoning_tokens for r in single.results + conc.results if r.reasoning_tokens is not None]
     ttfts = [r.ttft_s * 1000 for r in single.results]
     itls = [x * 1000 for r in single.results for x in r.itl_s()]
@@ -119,4 +131,5 @@ def _measurement(bench: BenchConfig, info: ServerInfo, single: phases.Single, co
         greedy_inflation=single.tps / single.reference_tps if single.reference_tps else None,
         concurrent_ttft_p99_ms=max(conc.p99_ttft.values()) if conc.p99_ttft else float("nan"),
         concurrent_phase_tps_by_level=conc.whole_phase,
+        load_curve=load_curve,
     )

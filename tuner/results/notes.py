@@ -46,6 +46,8 @@ def trial_note(*, state: str, attrs: dict[str, Any], metric_names: list[str] | N
                        ("startup_s", "start-up s"), ("sglang_version", "SGLang version")):
         if attrs.get(key) is not None:
             lines.append(f"- {label}: {_f(attrs[key], 2 if key in ('accept_length', 'greedy_inflation') else 1)}")
+    if attrs.get(record.SLO_NOTE):
+        lines.append(f"- slo_capacity: {attrs[record.SLO_NOTE]} (search over load: {_f(attrs.get(record.SLO_SWEEP_S))} s)")
     if attrs.get(record.ACCEPT_LENGTH_SOURCE):
         lines.append(f"- accept length from: {attrs[record.ACCEPT_LENGTH_SOURCE]} (server's folded figure {_f(attrs.get(record.SERVER_ACCEPT_LENGTH), 2)})")
     if attrs.get(record.THINKING_TOKENS) is not None:

@@ -22,6 +22,7 @@ __all__ = [
     "ATTENTION_BACKEND", "PAGE_SIZE", "SPECULATIVE_ADAPTIVE", "ARCHITECTURE", "DP_RANKS", "ACCEPT_LENGTH_SOURCE",
     "SERVER_ACCEPT_LENGTH", "DECLARED_MAX_RUNNING", "ACCEPT_HISTOGRAM", "REQUEST_TOKENS", "MEMORY_USAGE", "MODEL_PREDICTION", "MODEL_NOTE", "THINKING_TOKENS", "DUPLICATE_OF", "RULED_OUT_BY", "RETRY_OF", "WARM_START", "BASELINE", "CONSTRAINTS",
     "SERVER_LOG_ARTIFACT", "SINGLE_TPS_SPREAD", "SINGLE_TPS_CI95", "INTERRUPTED", "SCHEDULE",
+    "SLO_CURVE", "SLO_NOTE", "SLO_SWEEP_S", "SLO_PROMISE", "slo_curve_of",
     "params_of", "record_launch", "record_server", "record_measurement", "record_failure", "SETTLED_COPY_SKIPS",
 ]
 
@@ -76,6 +77,12 @@ MEMORY_USAGE = "memory_usage"
 # ({"single_tps": [lo, mid, hi], ..., "p_start": p}) and why it chose it, or why it fell back.
 MODEL_PREDICTION = "model_prediction"
 MODEL_NOTE = "model_note"
+
+# The search over load behind slo_capacity (tuner/measure/load_sweep.py), when [slo] is needed:
+SLO_CURVE = "slo_curve"  # [{"load", "requests", "source", "seconds", "p50_itl_ms".."p99_ttft_ms", "attainment", "goodput_rps", "tps", "holds"}] by load
+SLO_NOTE = "slo_note"  # how the search ended; why slo_capacity is 0 when it is
+SLO_SWEEP_S = "slo_sweep_s"  # seconds the search's own load points took: the trial's extra cost
+SLO_PROMISE = "slo_promise"  # {"p95_itl_ms": 50, ..., "attainment": 0.95}: what was promised
 
 # -- outcomes --------------------------------------------------------------------------------
 FAIL_REASON = "fail_reason"  # contract: one line, what failed and why
@@ -172,8 +179,27 @@ def record_measurement(trial, m: Measurement) -> None:
     }
     if m.accept_histogram:
         attrs[ACCEPT_HISTOGRAM] = list(m.accept_histogram)
+    attrs.update(_slo_attrs(m))
     for key, value in attrs.items():
         trial.set_user_attr(key, value)
+
+
+def _slo_attrs(m: Measurement) -> dict[str, Any]:
+    curve = m.load_curve
+    if curve is None:
+        return {}
+    return {
+        SLO_CURVE: [{**p.as_record(), "holds": curve.holds.get(p.load, False)} for p in curve.points],
+        SLO_NOTE: curve.note,
+        SLO_SWEEP_S: round(curve.sweep_s, 1),
+        SLO_PROMISE: curve.promise,
+    }
+
+
+def slo_curve_of(trial) -> list[dict]:
+    """A trial's load curve (empty without one), for the report and the dashboard note."""
+    curve = trial.user_attrs.get(SLO_CURVE) if hasattr(trial, "user_attrs") else trial.get(SLO_CURVE)
+    return [p for p in curve if isinstance(p, dict) and "load" in p] if isinstance(curve, list) else []
 
 
 def record_failure(trial, reason: str, *, kind: str | None = None, log_tail: str | None = None) -> None:

@@ -1,0 +1,194 @@
+"""The load a configuration holds within its SLO: a search over concurrency, per trial.
+
+What `[slo]` promises (tuner/config.py · SloConfig) is judged at a load (requests in flight, a
+closed loop as the concurrent phase runs it) over that load's requests:
+- every promise over the requests pooled: the percentile of all their inter-token latencies
+  (each chunk gap spread over its tokens, `RequestResult.itl_s`), the percentile of their TTFTs;
+- goodput (DistServe, Zhong et al. 2024, §2.2): a request is good when it meets every promise
+  itself (its own ITL at the promise's percentile, its TTFT), and the load holds only if at least
+  `attainment` of the requests are good.
+
+The search (AIPerf's max-concurrency-under-sla recipe) starts from the loads the trial already
+measured (one stream: the single-stream phase; `[bench] concurrency`: the concurrent phase),
+brackets exponentially (doubling the largest load that holds) up to the server's running-request
+cap (`max_running_requests`: past it requests only queue), then bisects in log space between the
+largest load that holds and the smallest that does not, until they are within `precision` of each
+other (or one request apart), at most `max_points` new loads.  Every decision is taken on the
+curve smoothed to be monotone (isotonic regression: latencies cannot fall and attainment cannot
+rise with load on one server; a noisy point must not flip a bracket), so a load holds only if
+every lower load does.
+
+A point's first `load` requests (the ramp-up burst, every slot prefilling at once) are not
+judged when the point has at least twice as many; the rest are what steady traffic meets.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+
+import numpy as np
+from scipy.optimize import isotonic_regression
+
+from tuner.config import SloConfig
+from tuner.measure.phases import closed_loop
+from tuner.measure.result import RequestResult
+from tuner.measure.stats import percentile
+
+__all__ = ["LoadPoint", "LoadCurve", "point_of", "search", "smoothed", "PERCENTILES"]
+
+PERCENTILES = (50, 90, 95, 99)
+
+
+@dataclass(frozen=True)
+class LoadPoint:
+    """One load's figures: latency percentiles over its judged requests, and goodput."""
+
+    load: int  # requests in flight
+    requests: int  # judged (the ramp-up excluded)
+    itl_ms: dict[int, float]  # percentile -> ms, over every token of the judged requests
+    ttft_ms: dict[int, float]
+    attainment: float  # share of judged requests meeting every promise
+    goodput_rps: float  # good requests per second over the point's span
+    tps: float  # completion tokens per second over the point's span
+    source: str = "sweep"  # "single" | "concurrent" (reused from the trial's phases) | "sweep"
+    seconds: float = 0.0  # wall time of the point
+
+    def as_record(self) -> dict:
+        return {"load": self.load, "requests": self.requests, "source": self.source, "seconds": round(self.seconds, 2),
+                **{f"p{q}_itl_ms": round(v, 3) for q, v in self.itl_ms.items()},
+                **{f"p{q}_ttft_ms": round(v, 1) for q, v in self.ttft_ms.items()},
+                "attainment": round(self.attainment, 4), "goodput_rps": round(self.goodput_rps, 3), "tps": round(self.tps, 1)}
+
+
+@dataclass(frozen=True)
+class LoadCurve:
+    points: tuple[LoadPoint, ...]  # by load
+    slo_capacity: int
+    cap: int  # the running-request cap the search stopped at
+    note: str  # how the search ended; the reason when slo_capacity is 0
+    sweep_s: float  # seconds the search's own points took (the trial's extra cost)
+    holds: dict[int, bool] = field(default_factory=dict)  # load -> the smoothed verdict
+    promise: dict = field(default_factory=dict)  # the [slo] keys judged: {"p95_itl_ms": 50, ..., "attainment": 0.95}
+
+
+def _good(r: RequestResult, slo: SloConfig) -> bool:
+    itls = [x * 1000 for x in r.itl_s()]
+    for metric, q, limit in slo.promises:
+        value = r.ttft_s * 1000 if metric == "ttft" else (percentile(itls, q / 100) if itls else 0.0)
+        if value > limit:
+            return False
+    return True
+
+
+def point_of(results: list[RequestResult], load: int, slo: SloConfig, *, source: str = "sweep") -> LoadPoint:
+    """A load's figures from its requests (the first `load`, the ramp-up, left out when there
+    are at least twice as many)."""
+    ordered = sorted(results, key=lambda r: r.start)
+    judged = ordered[load:] if len(ordered) >= 2 * load else ordered
+    itls = [x * 1000 for r in judged for x in r.itl_s()]
+    ttfts = [r.ttft_s * 1000 for r in judged]
+    span = max(r.end for r in ordered) - min(r.start for r in ordered) if ordered else 0.0
+    judged_span = max(r.end for r in judged) - min(r.start for r in judged) if judged else 0.0
+    good = sum(_good(r, slo) for r in judged)
+    return LoadPoint(
+        load=load, requests=len(judged),
+        itl_ms={q: percentile(itls, q / 100) if itls else 0.0 for q in PERCENTILES},
+        ttft_ms={q: percentile(ttfts, q / 100) for q in PERCENTILES},
+        attainment=good / len(judged) if judged else 0.0,
+        goodput_rps=good / judged_span if judged_span > 0 else 0.0,
+        tps=sum(r.completion_tokens for r in ordered) / span if span > 0 else 0.0,
+        source=source, seconds=span,
+    )
+
+
+def _monotone(values: list[float], *, increasing: bool) -> list[float]:
+    """Isotonic regression (scipy's pool-adjacent-violators, already a dependency)."""
+    if len(values) < 2:
+        return list(values)
+    return list(isotonic_regression(np.asarray(values, dtype=float), increasing=increasing).x)
+
+
+def smoothed(points: list[LoadPoint], slo: SloConfig) -> dict[int, list[str]]:
+    """Per load (ascending), the promises the monotone curve breaks there (empty: it holds)."""
+    points = sorted(points, key=lambda p: p.load)
+    broken: dict[int, list[str]] = {p.load: [] for p in points}
+    for metric, q, limit in slo.promises:
+        raw = [(p.itl_ms if metric == "itl" else p.ttft_ms)[q] for p in points]
+        for p, value in zip(points, _monotone(raw, increasing=True)):
+            if value > limit:
+                broken[p.load].append(f"p{q} {metric.upper()} {value:.1f} ms > {limit:g} ms")
+    for p, value in zip(points, _monotone([p.attainment for p in points], increasing=False)):
+        if value < slo.attainment:
+            broken[p.load].append(f"{value:.0%} of requests good < {slo.attainment:.0%}")
+    return broken
+
+
+def _bracket(broken: dict[int, list[str]]) -> tuple[int, int | None]:
+    """(largest load that holds with every lower load holding, or 0; the next load, which breaks)."""
+    lo = 0
+    for load in sorted(broken):
+        if broken[load]:
+            return lo, load
+        lo = load
+    return lo, None
+
+
+def _next_load(lo: int, hi: int | None, cap: int, precision: float) -> int | None:
+    if hi is None:
+        return None if lo >= cap else min(cap, max(2 * lo, lo + 1))
+    if hi - lo <= max(1.0, precision * lo):
+        return None
+    mid = round(math.sqrt(max(lo, 1) * hi))  # bisection in log space: relative precision
+    return min(max(mid, lo + 1), hi - 1)
+
+
+async def search(measure: Callable[[int], Awaitable[LoadPoint]], known: list[LoadPoint], *, cap: int,
+                 slo: SloConfig) -> LoadCurve:
+    """Bracket, then bisect; `measure(load)` runs one new point.  Reused points above the cap
+    are left out: past it requests only queue."""
+    points = {p.load: p for p in known if 1 <= p.load <= cap}
+    added = 0
+    while True:
+        lo, hi = _bracket(smoothed(list(points.values()), slo))
+        nxt = _next_load(lo, hi, cap, slo.precision)
+        if nxt is None or nxt in points or added >= slo.max_points:
+            break
+        points[nxt] = await measure(nxt)
+        added += 1
+    return _curve(points, lo, hi, cap, slo, added, stopped=nxt is not None and nxt not in points)
+
+
+def _curve(points: dict[int, LoadPoint], lo: int, hi: int | None, cap: int, slo: SloConfig, added: int,
+           *, stopped: bool) -> LoadCurve:
+    broken = smoothed(list(points.values()), slo)
+    ordered = tuple(points[k] for k in sorted(points))
+    sweep_s = sum(p.seconds for p in ordered if p.source == "sweep")
+    if lo == 0:
+        first = min(broken) if broken else 1
+        note = (f"no load holds the SLO ({slo.describe()}): at {first} request(s) in flight "
+                f"{'; '.join(broken.get(first, [])) or 'nothing was measured'}")
+    elif hi is None:
+        note = f"holds up to the running-request cap ({cap}) with {added} load point(s) added"
+    else:
+        note = f"holds at {lo}, breaks at {hi} ({'; '.join(broken[hi])}) with {added} load point(s) added"
+        if stopped:
+            note += f"; stopped at [slo] max_points = {slo.max_points} before the {slo.precision:.0%} precision"
+    promise = {f"p{q}_{metric}_ms": limit for metric, q, limit in slo.promises} | {"attainment": slo.attainment}
+    return LoadCurve(ordered, lo, cap, note, sweep_s, {k: not v for k, v in broken.items()}, promise)
+
+
+async def sweep(runner, slo: SloConfig, workload, *, cap: int, single: list[RequestResult],
+                levels: dict[int, list[RequestResult]], progress=None) -> LoadCurve:
+    """The search on a live server through `runner` (wire.StreamClient): the single-stream
+    requests are load 1, each concurrent level its load; new loads run a closed loop of
+    (rounds + 1) x load requests, the first round the ramp-up (not judged)."""
+    known = [point_of(single, 1, slo, source="single")] if single else []
+    known += [point_of(results, level, slo, source="concurrent") for level, results in levels.items() if results]
+
+    async def measure(load: int) -> LoadPoint:
+        prompts = workload.for_phase("concurrent", (slo.rounds + 1) * load)
+        return point_of(await closed_loop(runner, prompts, load, progress, f"slo load {load}"), load, slo)
+
+    return await search(measure, known, cap=max(cap, 1), slo=slo)
