@@ -110,49 +110,80 @@ def _monotone(values: list[float], *, increasing: bool) -> list[float]:
     return list(isotonic_regression(np.asarray(values, dtype=float), increasing=increasing).x)
 
 
-def smoothed(points: list[LoadPoint], slo: SloConfig) -> dict[int, list[str]]:
-    """Per load (ascending), the promises the monotone curve breaks there (empty: it holds)."""
+def smoothed(points: list[LoadPoint], slo: SloConfig) -> dict[int, tuple[float, list[str]]]:
+    """Per load (ascending): the worst promise's smoothed value over its limit (<= 1 holds), and
+    the promises the monotone curve breaks there (empty: it holds)."""
     points = sorted(points, key=lambda p: p.load)
-    broken: dict[int, list[str]] = {p.load: [] for p in points}
+    out: dict[int, tuple[float, list[str]]] = {p.load: (0.0, []) for p in points}
+
+    def judge(p: LoadPoint, ratio: float, why: str) -> None:
+        margin, broken = out[p.load]
+        out[p.load] = (max(margin, ratio), broken + [why] if ratio > 1 else broken)
+
     for metric, q, limit in slo.promises:
         raw = [(p.itl_ms if metric == "itl" else p.ttft_ms)[q] for p in points]
         for p, value in zip(points, _monotone(raw, increasing=True)):
-            if value > limit:
-                broken[p.load].append(f"p{q} {metric.upper()} {value:.1f} ms > {limit:g} ms")
+            judge(p, value / limit, f"p{q} {metric.upper()} {value:.1f} ms > {limit:g} ms")
     for p, value in zip(points, _monotone([p.attainment for p in points], increasing=False)):
-        if value < slo.attainment:
-            broken[p.load].append(f"{value:.0%} of requests good < {slo.attainment:.0%}")
-    return broken
+        # Counted only once it breaks: a share of 100% says nothing about how near the edge is.
+        judge(p, slo.attainment / max(value, 0.01) if value < slo.attainment else 0.0, f"{value:.0%} of requests good < {slo.attainment:.0%}")
+    return out
 
 
-def _bracket(broken: dict[int, list[str]]) -> tuple[int, int | None]:
+def _bracket(verdicts: dict[int, tuple[float, list[str]]]) -> tuple[int, int | None]:
     """(largest load that holds with every lower load holding, or 0; the next load, which breaks)."""
     lo = 0
-    for load in sorted(broken):
-        if broken[load]:
+    for load in sorted(verdicts):
+        if verdicts[load][1]:
             return lo, load
         lo = load
     return lo, None
 
 
-def _next_load(lo: int, hi: int | None, cap: int, precision: float) -> int | None:
+def _crossing(a: tuple[int, float], b: tuple[int, float]) -> float | None:
+    """Where the line through two (load, margin) points reaches margin 1 (the root find)."""
+    (x0, y0), (x1, y1) = a, b
+    return x0 + (1 - y0) * (x1 - x0) / (y1 - y0) if y1 > y0 and x1 != x0 else None
+
+
+def _next_load(verdicts: dict[int, tuple[float, list[str]]], cap: int, precision: float, bisect: bool) -> int | None:
+    """The next load to measure, or None when the bracket is within `precision`.
+
+    Above every load that holds: the crossing extrapolated from the two highest loads (a
+    little past it), else 4x, at most 8x and the cap.  Inside a bracket: the crossing
+    interpolated between its ends (regula falsi), kept off both ends by half the precision so
+    a good guess closes the bracket on its next point; `bisect` (when the last step did not
+    halve the bracket) takes the log-space midpoint instead, which always converges."""
+    lo, hi = _bracket(verdicts)
+    margin = {load: v[0] for load, v in verdicts.items()}
     if hi is None:
-        return None if lo >= cap else min(cap, max(2 * lo, lo + 1))
-    if hi - lo <= max(1.0, precision * lo):
+        if lo >= cap:
+            return None
+        below = sorted(load for load in margin if load < lo)
+        guess = _crossing((below[-1], margin[below[-1]]), (lo, margin[lo])) if below and lo else None
+        aim = guess * (1 + precision / 2) if guess else 4 * max(lo, 1)
+        return int(min(cap, 8 * max(lo, 1), max(lo + 1, round(aim))))
+    width = max(1.0, precision * lo)
+    if lo == 0 or hi - lo <= width:
         return None
-    mid = round(math.sqrt(max(lo, 1) * hi))  # bisection in log space: relative precision
-    return min(max(mid, lo + 1), hi - 1)
+    guess = None if bisect else _crossing((lo, margin[lo]), (hi, margin[hi]))
+    aim = guess if guess is not None else math.sqrt(lo * hi)
+    edge = max(1, math.ceil(width / 2))
+    return int(min(max(round(aim), lo + edge), hi - edge)) if hi - lo > 2 * edge else lo + (hi - lo) // 2
 
 
 async def search(measure: Callable[[int], Awaitable[LoadPoint]], known: list[LoadPoint], *, cap: int,
                  slo: SloConfig) -> LoadCurve:
-    """Bracket, then bisect; `measure(load)` runs one new point.  Reused points above the cap
-    are left out: past it requests only queue."""
+    """Bracket, then root-find; `measure(load)` runs one new point.  Reused points above the
+    cap are left out: past it requests only queue."""
     points = {p.load: p for p in known if 1 <= p.load <= cap}
-    added = 0
+    added, bisect, width = 0, False, math.inf
     while True:
-        lo, hi = _bracket(smoothed(list(points.values()), slo))
-        nxt = _next_load(lo, hi, cap, slo.precision)
+        verdicts = smoothed(list(points.values()), slo)
+        lo, hi = _bracket(verdicts)
+        if hi is not None:
+            bisect, width = (hi - lo) > width / 2, hi - lo
+        nxt = _next_load(verdicts, cap, slo.precision, bisect)
         if nxt is None or nxt in points or added >= slo.max_points:
             break
         points[nxt] = await measure(nxt)
@@ -162,15 +193,18 @@ async def search(measure: Callable[[int], Awaitable[LoadPoint]], known: list[Loa
 
 def _curve(points: dict[int, LoadPoint], lo: int, hi: int | None, cap: int, slo: SloConfig, added: int,
            *, stopped: bool) -> LoadCurve:
-    broken = smoothed(list(points.values()), slo)
+    broken = {load: v[1] for load, v in smoothed(list(points.values()), slo).items()}
     ordered = tuple(points[k] for k in sorted(points))
     sweep_s = sum(p.seconds for p in ordered if p.source == "sweep")
     if lo == 0:
         first = min(broken) if broken else 1
         note = (f"no load holds the SLO ({slo.describe()}): at {first} request(s) in flight "
                 f"{'; '.join(broken.get(first, [])) or 'nothing was measured'}")
-    elif hi is None:
+    elif hi is None and lo >= cap:
         note = f"holds up to the running-request cap ({cap}) with {added} load point(s) added"
+    elif hi is None:
+        note = (f"holds at every load measured, up to {lo}; stopped at [slo] max_points = {slo.max_points} "
+                f"below the running-request cap ({cap})")
     else:
         note = f"holds at {lo}, breaks at {hi} ({'; '.join(broken[hi])}) with {added} load point(s) added"
         if stopped:
