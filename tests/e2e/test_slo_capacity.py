@@ -1,0 +1,90 @@
+"""slo_capacity on a live emulator: the search over load agrees with an exhaustive sweep of the
+same server, an SLO no load meets is 0 with its reason, and a study scores it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import optuna
+import pytest
+
+from tuner.config import SloConfig, parse_config
+from tuner.measure import load_sweep
+from tuner.measure.phases import closed_loop
+from tuner.measure.runner import measure
+from tuner.measure.wire import StreamClient
+from tuner.measure.workload import load_workload
+from tuner.server.client import ServerClient
+
+from ..conftest import run_cli, write_config
+
+pytestmark = pytest.mark.e2e
+
+CAP = 16
+BENCH = '[study]\nname = "s"\n[server]\ncommand = "x --speculative-algorithm NEXTN"\n[bench]\nmax_tokens = 48\n'
+
+
+def _exhaustive(url: str, slo: SloConfig) -> dict[int, list]:
+    """Every load 1..CAP, each run as the search runs a new load; the raw requests by load."""
+    bench = parse_config(BENCH).bench
+    workload = load_workload("builtin")
+
+    async def run():
+        runner = StreamClient(url, None, bench, "m")
+        try:
+            return {c: await closed_loop(runner, workload.for_phase("concurrent", (slo.rounds + 1) * c), c, None, "x")
+                    for c in range(1, CAP + 1)}
+        finally:
+            await runner.close()
+
+    return asyncio.run(run())
+
+
+def _capacity(points, slo) -> int:
+    lo = 0
+    for load, (_, broken) in sorted(load_sweep.smoothed(points, slo).items()):
+        if broken:
+            break
+        lo = load
+    return lo
+
+
+def test_slo_capacity_agrees_with_an_exhaustive_sweep_of_the_same_server_within_the_precision(start_emulator):
+    emu = start_emulator("--speculative-algorithm", "NEXTN", "--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
+                         "--speculative-num-draft-tokens", "3", "--max-running-requests", str(CAP), env={"SGLANG_EMULATOR_SEED": "3"})
+    emu.wait_healthy()
+    every = _exhaustive(emu.url, SloConfig(p50_itl_ms=1e6))
+    probe = [load_sweep.point_of(results, c, SloConfig(p50_itl_ms=1e6)) for c, results in every.items()]
+    # The promise: the median ITL the exhaustive curve (smoothed) reaches at about 2/3 of the cap,
+    # so the edge lies inside the range, where the search has to find it.
+    smooth = load_sweep._monotone([p.itl_ms[50] for p in probe], increasing=True)
+    limit = (smooth[9] + smooth[10]) / 2
+    # Half the requests good: the per-request medians agree with the pooled one, so both
+    # judgements find one edge (a 95% share of ~20 requests is a coin flip per point).
+    slo = SloConfig(p50_itl_ms=round(limit, 3), attainment=0.5)
+    truth = _capacity([load_sweep.point_of(results, c, slo) for c, results in every.items()], slo)
+    assert 4 <= truth <= CAP - 2, [round(x, 2) for x in smooth]
+
+    client = ServerClient(emu.url)
+    m = measure(url=emu.url, bench=parse_config(BENCH + "concurrency = 4\nconcurrent_requests = 12\nsingle_max_passes = 2\n").bench,
+                info=client.server_info(), workload=load_workload("builtin"), client=client, slo=slo)
+    curve = m.load_curve
+    assert abs(curve.slo_capacity - truth) <= max(1, slo.precision * truth), (curve.slo_capacity, truth, curve.note,
+                                                                                [p.as_record() for p in curve.points])
+    assert sum(p.source == "sweep" for p in curve.points) <= 6
+    assert {p.source for p in curve.points} >= {"single", "concurrent"}  # the trial's own loads are points
+
+
+def test_an_slo_no_load_meets_is_zero_with_the_reason_in_the_trial(tmp_path):
+    config = write_config(tmp_path, name="never", study='objectives = ["single_tps", "slo_capacity"]',
+                          space="speculative_num_steps = { choices = [2] }\nmem_fraction_static = { choices = [0.85] }")
+    config.write_text(config.read_text() + "\n[slo]\np95_itl_ms = 0.01\n")
+    result = run_cli("--config", str(config), "--trials", "1", "--sampler", "random", timeout=300)
+    assert result.returncode == 0, result.stderr
+    storage = f"sqlite:///{tmp_path / 'never.db'}"
+    trial = optuna.load_study(study_name="never", storage=storage).trials[0]
+    assert trial.state == optuna.trial.TrialState.COMPLETE
+    assert trial.values[1] == 0.0
+    assert trial.user_attrs["slo_note"].startswith("no load holds the SLO (p95 ITL <= 0.01 ms")
+    assert "at 1 request(s) in flight p95 ITL" in trial.user_attrs["slo_note"]
+    assert trial.user_attrs["slo_sweep_s"] == 0.0  # nothing above a failing load one is measured
