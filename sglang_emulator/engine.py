@@ -1,7 +1,9 @@
 """A continuous-batching scheduler that runs in real time on the model of `model.py`.
 
 One `Engine` per DP rank.  Requests wait until a slot (`max_running_requests`) and KV room are
-free, are prefilled in batches of up to `chunked_prefill_size` tokens, then decode together:
+free, are prefilled in batches of up to `chunked_prefill_size` tokens (a longer prompt in chunks,
+one per iteration; every prefill iteration stalls the running streams' decode, as SGLang's does),
+then decode together:
 each iteration sleeps for `model.step_ms(...)` and gives every running request 1 + the draft
 tokens it accepted, drawn from the request's acceptance distribution.  A stream chunk carries
 all tokens of one iteration, as SGLang's does.
@@ -75,6 +77,7 @@ class Request:
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
     generated: int = 0
     verify_ct: int = 0
+    prefilled: int = 0  # prompt tokens prefilled so far (chunked prefill)
     accepted_drafts: int = 0
     # schedule_batch.py · update_spec_correct_drafts_histogram: verify steps by drafts accepted
     correct_drafts_histogram: list[int] = field(default_factory=list)
@@ -162,6 +165,7 @@ class Engine:
         self._pending_verify_ct = 0
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.chunked: Request | None = None  # a prompt cut by --chunked-prefill-size, continued first
         self._wake = asyncio.Event()
         self._clock: float | None = None
         self._mass_cache: dict[tuple, list[float]] = {}
@@ -207,7 +211,7 @@ class Engine:
 
     @property
     def idle(self) -> bool:
-        return not self.waiting and not self.running
+        return not self.waiting and not self.running and self.chunked is None
 
     @property
     def used_tokens(self) -> int:
@@ -235,8 +239,9 @@ class Engine:
 
     def crash(self, exc: Exception) -> None:
         self.dead = exc
-        for req in list(self.running) + list(self.waiting):
+        for req in list(self.running) + list(self.waiting) + ([self.chunked] if self.chunked else []):
             req.out.put_nowait(exc)
+        self.chunked = None
         self.running.clear()
         self.waiting.clear()
 
@@ -277,26 +282,43 @@ class Engine:
             self.running = [r for r in self.running if not r.cancelled]
         if any(r.cancelled for r in self.waiting):
             self.waiting = deque(r for r in self.waiting if not r.cancelled)
+        if self.chunked is not None and self.chunked.cancelled:
+            self.chunked = None
 
-    def _admit(self) -> list[Request]:
-        admitted: list[Request] = []
-        budget = max(self.resolved.chunked_prefill_size, 1)
-        used = self.used_tokens
-        prefill_tokens = 0
-        while self.waiting and len(self.running) + len(admitted) < self.max_running:
+    def _admit(self) -> list[tuple[Request, int]]:
+        """This iteration's prefill: (request, prompt tokens prefilled now), or [] to decode.
+
+        scheduler.py · get_next_batch_to_run: a prefill batch, when there is one, runs instead
+        of the decode batch (decode waits for it: prefill stalls every running stream), and a
+        request cut by the chunk budget is continued first, one chunk per iteration
+        (schedule_policy.py · PrefillAdder.add_one_req: a prompt longer than what is left of
+        `--chunked-prefill-size` is truncated into the chunked request; -1 disables chunking).
+        A request counts toward `--max-running-requests` from its first chunk.
+        """
+        chunk = self.resolved.chunked_prefill_size
+        budget = chunk if chunk and chunk > 0 else math.inf
+        used = self.used_tokens + (self.chunked.prefilled if self.chunked else 0)
+        batch: list[tuple[Request, int]] = []
+        if self.chunked is not None:
+            req = self.chunked
+            take = int(min(req.prompt_tokens - req.prefilled, budget))
+            batch.append((req, take))
+            budget -= take
+            if req.prefilled + take < req.prompt_tokens:
+                return batch  # the chunk budget is spent on it
+        while self.waiting and budget > 0 and len(self.running) + len(batch) < self.max_running:
             req = self.waiting[0]
             # Reserve room for part of the answer, as SGLang's new_token_ratio does.
             need = req.prompt_tokens + int(min(req.max_new_tokens, 4096) * self.new_token_ratio)
             if used + need > self.capacity:
                 break
-            if admitted and prefill_tokens + req.prompt_tokens > budget:
-                break
             self.waiting.popleft()
             self._prepare(req)
-            admitted.append(req)
+            take = int(min(req.prompt_tokens, budget))
+            batch.append((req, take))
             used += req.prompt_tokens
-            prefill_tokens += req.prompt_tokens
-        return admitted
+            budget -= take
+        return batch
 
     def _prepare(self, req: Request) -> None:
         shift, natural, rng = _prompt_traits(req.prompt, self.profile.acceptance.prompt_spread)
@@ -312,19 +334,27 @@ class Engine:
         words = [w for w in _TOKEN_RE.findall(req.prompt) if w.isalpha()][:400]
         req.words = words if len(words) >= 8 else list(_FALLBACK_WORDS)
 
-    async def _prefill(self, batch: list[Request]) -> None:
-        tokens = sum(r.prompt_tokens for r in batch)
+    async def _prefill(self, batch: list[tuple[Request, int]]) -> None:
+        tokens = sum(take for _, take in batch)
         ms = m.prefill_ms(self.profile, tokens=tokens, tp=self.resolved.tp)
         if self.resolved.spec.enabled and self.resolved.spec.algorithm != "NGRAM":
             ms += m.draft_step_ms(self.profile, batch=len(batch), topk=1)  # draft prefill
         await self._advance(ms * self._noise())
+        self.chunked = None
+        done = []
+        for req, take in batch:
+            req.prefilled += take
+            if req.prefilled < req.prompt_tokens:
+                self.chunked = req  # scheduler.py · self.chunked_req: continued next iteration
+            else:
+                done.append(req)
         logger.info(
             f"Prefill batch, #new-seq: {len(batch)}, #new-token: {tokens}, #cached-token: 0, "
             f"token usage: {self.used_tokens / self.capacity:.2f}, "
             f"#running-req: {len(self.running)}, #queue-req: {len(self.waiting)}"
         )
         now = time.monotonic()
-        for req in batch:
+        for req in done:
             if req.cancelled:
                 continue
             if req.first_token_at is None:  # not a retracted request coming back
@@ -405,6 +435,7 @@ class Engine:
                 + f", #new_token_ratio: {old_ratio:.4f} -> {self.new_token_ratio:.4f}"
             )
             for victim in victims:
+                victim.prefilled = 0  # a retracted request is prefilled again
                 self.waiting.appendleft(victim)
         elif self.new_token_ratio > 0.3:
             self.new_token_ratio = max(0.3, self.new_token_ratio - 0.001)  # decay_step

@@ -1,6 +1,6 @@
 """`python -m tuner.best --pick ... --format ...`: the configuration to put into production.
 
-    --pick single_tps | concurrent_tps | capacity | balanced   (default balanced)
+    --pick single_tps | concurrent_tps | capacity | slo_capacity | balanced   (default balanced)
     --format flags | command | systemd                         (default flags)
     --apply   install it on the target and wait until the server is ready:
               systemd: a drop-in of its own (50-sglang-tuner-best.conf), daemon-reload, restart;

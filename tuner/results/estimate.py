@@ -16,10 +16,13 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.results import record
 
-__all__ = ["Estimate", "estimate", "DEFAULT_STARTUP_S", "DEFAULT_MEASURE_S", "EDGE_LAUNCHES", "duration"]
+__all__ = ["Estimate", "estimate", "DEFAULT_STARTUP_S", "DEFAULT_MEASURE_S", "DEFAULT_SLO_SWEEP_S", "EDGE_LAUNCHES", "duration"]
 
 DEFAULT_STARTUP_S = 120.0  # a large model's load + CUDA graph capture on SGLang
 DEFAULT_MEASURE_S = 60.0
+# The search over load behind slo_capacity, before a trial has run one: [slo] max_points (6)
+# closed-loop loads of (rounds + 1) x load requests, ~15 s each with 256-token answers.
+DEFAULT_SLO_SWEEP_S = 90.0
 EDGE_LAUNCHES = 2  # failed launches the memory-edge search costs before the first measurement (1-3 measured)
 
 
@@ -64,8 +67,19 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def _sweep_extra(complete: list[FrozenTrial], sources: list[str]) -> float:
+    """Seconds the search over load adds to a measurement: nothing when the measured trials ran
+    it (their measure_s holds it), else its default."""
+    swept = _median([t.user_attrs.get(record.SLO_SWEEP_S) for t in complete if record.SLO_SWEEP_S in t.user_attrs])
+    if any(record.SLO_SWEEP_S in t.user_attrs for t in complete):
+        sources.append(f"of which the search over load {swept or 0:.0f} s (median)")
+        return 0.0
+    sources.append(f"+ search over load {DEFAULT_SLO_SWEEP_S:.0f} s (default: [slo] max_points loads, none measured yet)")
+    return DEFAULT_SLO_SWEEP_S
+
+
 def estimate(trials: list[FrozenTrial], *, n_trials: int, n_baselines: int, gpus: int | None,
-             memory_edge_searched: bool = True) -> Estimate:
+             memory_edge_searched: bool = True, load_sweep: bool = False) -> Estimate:
     """The run's duration from `trials` (the study's and its baselines', finished)."""
     complete = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get(record.DUPLICATE_OF) is None]
     launched_pruned = [t for t in trials if t.state == TrialState.PRUNED and t.user_attrs.get(record.RULED_OUT_BY) is None]
@@ -77,6 +91,8 @@ def estimate(trials: list[FrozenTrial], *, n_trials: int, n_baselines: int, gpus
     measure = _median([t.user_attrs.get("measure_s") for t in complete])
     sources.append(f"measurement {measure:.0f} s (median)" if measure else f"measurement {DEFAULT_MEASURE_S:.0f} s (default)")
     measure = measure or DEFAULT_MEASURE_S
+    if load_sweep:
+        measure += _sweep_extra(complete, sources)
     pruned = _median([duration(t) for t in launched_pruned])
     sources.append(f"failed launch {pruned:.0f} s (median of {len(launched_pruned)})" if pruned else f"failed launch ~ start-up ({startup:.0f} s)")
     pruned = pruned or startup

@@ -3,7 +3,8 @@
 Two configurations tie on an objective when their values differ by less than the measurement
 noise: a trial's own 95% interval where it has one (single_tps), else `DEFAULT_NOISE` (2%, the
 launch-to-launch spread benchmarks/measurement_noise.py measures is ~1%); integer objectives
-(capacity) tie only when equal.  Among tied configurations the pick favours fewer draft tokens
+(capacity) tie only when equal; slo_capacity ties within its search's bracket (the loads
+between the value and the first load that broke the SLO were not measured).  Among tied configurations the pick favours fewer draft tokens
 (more KV headroom), then the smaller topk, then fewer steps, then the higher capacity, then the
 earlier trial; the pick's reason quotes the chosen trial's own figures and names the rule that
 decided each tie.
@@ -17,10 +18,12 @@ from dataclasses import dataclass
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.results import record
+
 __all__ = ["DEFAULT_NOISE", "PICKS", "measured_front", "noise", "tied", "pick", "Pick", "balanced_scores"]
 
 DEFAULT_NOISE = 0.02
-PICKS = ("single_tps", "concurrent_tps", "capacity", "balanced")
+PICKS = ("single_tps", "concurrent_tps", "capacity", "slo_capacity", "balanced")
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,10 @@ def noise(trial: FrozenTrial, index: int, name: str) -> float:
             return max((ci[1] - ci[0]) / 2, DEFAULT_NOISE * abs(value))
     if name == "capacity" or float(value).is_integer() and name.startswith("capacity"):
         return 0.0
+    if name == "slo_capacity":
+        # The search stops once the edge is bracketed: the true value lies below the first load that broke.
+        above = record.slo_first_broken(trial)
+        return float(max(above - value - 1, 0)) if above is not None else 0.0
     return DEFAULT_NOISE * abs(value)
 
 

@@ -22,7 +22,7 @@ __all__ = [
     "ATTENTION_BACKEND", "PAGE_SIZE", "SPECULATIVE_ADAPTIVE", "ARCHITECTURE", "DP_RANKS", "ACCEPT_LENGTH_SOURCE",
     "SERVER_ACCEPT_LENGTH", "DECLARED_MAX_RUNNING", "ACCEPT_HISTOGRAM", "REQUEST_TOKENS", "MEMORY_USAGE", "MODEL_PREDICTION", "MODEL_NOTE", "THINKING_TOKENS", "DUPLICATE_OF", "RULED_OUT_BY", "RETRY_OF", "WARM_START", "BASELINE", "CONSTRAINTS",
     "SERVER_LOG_ARTIFACT", "SINGLE_TPS_SPREAD", "SINGLE_TPS_CI95", "INTERRUPTED", "SCHEDULE",
-    "SLO_CURVE", "SLO_NOTE", "SLO_SWEEP_S", "SLO_PROMISE", "slo_curve_of",
+    "SLO_CURVE", "SLO_NOTE", "SLO_SWEEP_S", "SLO_PROMISE", "SLO_CAPACITY", "slo_curve_of", "slo_first_broken",
     "params_of", "record_launch", "record_server", "record_measurement", "record_failure", "SETTLED_COPY_SKIPS",
 ]
 
@@ -83,6 +83,7 @@ SLO_CURVE = "slo_curve"  # [{"load", "requests", "source", "seconds", "p50_itl_m
 SLO_NOTE = "slo_note"  # how the search ended; why slo_capacity is 0 when it is
 SLO_SWEEP_S = "slo_sweep_s"  # seconds the search's own load points took: the trial's extra cost
 SLO_PROMISE = "slo_promise"  # {"p95_itl_ms": 50, ..., "attainment": 0.95}: what was promised
+SLO_CAPACITY = "slo_capacity"  # the objective's value again, also for the baselines whose objectives differ
 
 # -- outcomes --------------------------------------------------------------------------------
 FAIL_REASON = "fail_reason"  # contract: one line, what failed and why
@@ -193,6 +194,7 @@ def _slo_attrs(m: Measurement) -> dict[str, Any]:
         SLO_NOTE: curve.note,
         SLO_SWEEP_S: round(curve.sweep_s, 1),
         SLO_PROMISE: curve.promise,
+        SLO_CAPACITY: curve.slo_capacity,
     }
 
 
@@ -200,6 +202,12 @@ def slo_curve_of(trial) -> list[dict]:
     """A trial's load curve (empty without one), for the report and the dashboard note."""
     curve = trial.user_attrs.get(SLO_CURVE) if hasattr(trial, "user_attrs") else trial.get(SLO_CURVE)
     return [p for p in curve if isinstance(p, dict) and "load" in p] if isinstance(curve, list) else []
+
+
+def slo_first_broken(trial) -> int | None:
+    """The smallest load of a trial's curve that breaks the SLO above its slo_capacity (None: none measured)."""
+    broken = [p["load"] for p in slo_curve_of(trial) if not p.get("holds", True)]
+    return min(broken) if broken else None
 
 
 def record_failure(trial, reason: str, *, kind: str | None = None, log_tail: str | None = None) -> None:

@@ -13,7 +13,9 @@ from tuner.results.picks import measured_front
 from tuner.results.report.render import write_html, write_markdown
 from tuner.results.report.contents import Report, Table, baselines_for, choices_for, failures_table, metric_names_of, notes_for, pareto_for, summary_rows
 from tuner.results.report.adaptive_section import schedule_for
-from tuner.results.report.plots import acceptance_plot, capacity_plot, failure_plot, front_plot, hypervolume_plot
+from tuner.results.optuna_private import storage_of
+from tuner.results import baselines
+from tuner.results.report.plots import acceptance_plot, capacity_plot, failure_plot, front_plot, hypervolume_plot, slo_plot
 
 __all__ = ["Report", "Table", "Choice", "Plot", "build", "write_html", "write_markdown"]
 
@@ -28,7 +30,8 @@ def build(study: optuna.Study, *, sampler: str | None = None, target: str | None
     front = measured_front(study) if complete else []
     choices = choices_for(study, names) if front else []
     plots = [front_plot(complete, front, names), acceptance_plot(complete), capacity_plot(complete, names),
-             hypervolume_plot(finished), failure_plot(finished)]
+             hypervolume_plot(finished), failure_plot(finished),
+             slo_plot(front, baselines.load(storage_of(study), study.study_name))]
     arms, over = baselines_for(study, names)
     return Report(
         study_name=study.study_name,

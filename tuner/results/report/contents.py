@@ -137,6 +137,9 @@ def summary_rows(study: optuna.Study, trials: list[FrozenTrial], names: list[str
         seen = sorted({str(t.user_attrs[attr]) for t in trials if t.user_attrs.get(attr)})
         if seen:
             rows.append((label, ", ".join(seen)))
+    sweep = slo_sweep_row(trials)
+    if sweep:
+        rows.append(sweep)
     finished = [t for t in trials if t.state.is_finished()]
     grown = _last_growth(finished)
     if grown is not None:
@@ -147,6 +150,19 @@ def summary_rows(study: optuna.Study, trials: list[FrozenTrial], names: list[str
     if starts and ends:
         rows.append(("ran", f"{min(starts):%Y-%m-%d %H:%M} to {max(ends):%Y-%m-%d %H:%M}"))
     return rows
+
+
+def slo_sweep_row(trials: list[FrozenTrial]) -> tuple[str, str] | None:
+    """What the search over load behind slo_capacity cost: the extra seconds per trial."""
+    swept = [t for t in trials if t.state == TrialState.COMPLETE and record.SLO_SWEEP_S in t.user_attrs]
+    if not swept:
+        return None
+    extra = sorted(float(t.user_attrs[record.SLO_SWEEP_S]) for t in swept)
+    points = sorted(sum(p.get("source") == "sweep" for p in record.slo_curve_of(t)) for t in swept)
+    promise = swept[-1].user_attrs.get(record.SLO_PROMISE) or {}
+    return ("search over load (slo_capacity)",
+            f"{', '.join(f'{k} {v:g}' for k, v in promise.items())}: median {extra[len(extra) // 2]:.1f} s extra per trial "
+            f"(max {extra[-1]:.1f} s), {points[len(points) // 2]} load point(s) added (max {points[-1]}) over {len(swept)} trial(s)")
 
 
 def _last_growth(finished: list[FrozenTrial]) -> int | None:

@@ -11,6 +11,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.results import record
 from tuner.results.hypervolume import study_history
 from tuner.results.report.contents import DRAFT, MEM, TOPK, DPI, OUTCOMES, Plot, STEPS, as_number, param_of
 
@@ -173,3 +174,49 @@ def failure_plot(finished: list[FrozenTrial]) -> Plot | None:
                 "too little left for CUDA graphs fails on the right; crashes mid-benchmark are failures, not pruned.", _png(fig))
 
 
+
+
+def _slo_series(trial: FrozenTrial) -> tuple[list[dict], dict, float | None]:
+    curve = record.slo_curve_of(trial)
+    promise = trial.user_attrs.get(record.SLO_PROMISE) or {}
+    value = as_number(trial.user_attrs.get(record.SLO_CAPACITY)) if trial.user_attrs.get(record.SLO_CAPACITY) is not None else None
+    return curve, promise, value
+
+
+def slo_plot(front: list[FrozenTrial], arms: dict[str, FrozenTrial]) -> Plot | None:
+    """ITL and TTFT against load for the front and the baselines, each promise of [slo] as a
+    line and each configuration's slo_capacity marked (GuideLLM's and AIPerf's sweep plots)."""
+    shown = [(f"trial {t.number}", t) for t in sorted(front, key=lambda t: t.number)]
+    shown += [(kind.replace("_", " "), t) for kind, t in arms.items() if t.state == TrialState.COMPLETE]
+    shown = [(label, t) for label, t in shown if record.slo_curve_of(t)][:10]
+    if not shown:
+        return None
+    promise = next(p for _, t in shown if (p := _slo_series(t)[1]))
+    itl_q = next((k for k in ("p99_itl_ms", "p95_itl_ms", "p90_itl_ms", "p50_itl_ms") if k in promise), "p95_itl_ms")
+    ttft_q = next((k for k in ("p99_ttft_ms", "p95_ttft_ms", "p90_ttft_ms", "p50_ttft_ms") if k in promise), "p95_ttft_ms")
+    fig = Figure(figsize=(11, 4.2), layout="constrained")
+    for k, key in enumerate((itl_q, ttft_q)):
+        ax = fig.add_subplot(1, 2, k + 1)
+        for n, (label, t) in enumerate(shown):
+            curve, _, capacity = _slo_series(t)
+            color, dashed = f"C{n % 10}", not label.startswith("trial")
+            loads = [p["load"] for p in curve]
+            ax.plot(loads, [p.get(key) for p in curve], marker="o", ms=3, color=color, linestyle="--" if dashed else "-",
+                    label=f"{label} (slo_capacity {capacity:g})" if capacity is not None else label)
+            if capacity:
+                at = next((p.get(key) for p in curve if p["load"] == capacity), None)
+                if at is not None:
+                    ax.scatter([capacity], [at], marker="*", s=140, color=color, edgecolor="black", linewidth=0.5, zorder=4)
+        if key in promise:
+            ax.axhline(promise[key], color="#c62828", linewidth=1.2, label=f"SLO {key.split('_')[0]} {promise[key]:g} ms")
+        ax.set_xlabel("requests in flight (load)")
+        ax.set_ylabel(f"{key.split('_')[0]} {'ITL' if 'itl' in key else 'TTFT'} (ms)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        if k == 0:
+            ax.legend(fontsize=7, loc="upper left")
+    return Plot("slo", "Latency against load, with the SLO: the front and the baselines",
+                "Each line is one configuration's load curve (the loads its trial measured: one stream, [bench] concurrency, "
+                "and those the search over load added); the red line is the promise of [slo] and the star each configuration's "
+                "slo_capacity, the largest load at which every promise holds (judged on the curve smoothed to be monotone). "
+                "Dashed: the baselines.", _png(fig))
