@@ -313,8 +313,8 @@ class SloConfig(_Section):
 
     A load holds the SLO when every promise holds over its requests (the percentile of their
     inter-token latencies, the percentile of their times to first token) and at least
-    `attainment` of the requests meet every promise themselves (DistServe's goodput: a request
-    is good only if it meets all of them)."""
+    `attainment` of the requests are good (DistServe's goodput: a request is good only if its
+    TTFT and its time per output token are within every promise)."""
 
     p50_itl_ms: float | None = Field(default=None, gt=0)
     p90_itl_ms: float | None = Field(default=None, gt=0)

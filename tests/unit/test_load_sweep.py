@@ -112,9 +112,10 @@ def test_a_point_leaves_out_the_ramp_up_and_counts_a_request_good_only_if_it_mee
     ramp = [_request(0.0, 2.0, [0.01] * 20) for _ in range(2)]  # the burst: TTFT 2 s, not judged
     good = [_request(3.0 + i, 0.1, [0.01] * 20) for i in range(3)]
     slow = [_request(10.0, 0.1, [0.2] * 20)]  # ITL 200 ms
-    p = point_of(ramp + good + slow, 2, slo)
-    assert p.requests == 4
-    assert p.attainment == pytest.approx(0.75)
+    stalled = [_request(11.0, 0.1, [0.01] * 19 + [0.3])]  # one prefill stall: time per output token 24.5 ms, good
+    p = point_of(ramp + good + slow + stalled, 2, slo)
+    assert p.requests == 5
+    assert p.attainment == pytest.approx(0.8)
     assert p.ttft_ms[95] == pytest.approx(100.0)
 
 
@@ -144,3 +145,42 @@ def test_the_search_runs_only_when_an_objective_needs_it():
     assert _config("[slo]\np99_itl_ms = 40").sweep_slo.promises == [("itl", 99, 40.0)]
     assert _config("[slo]\np95_itl_ms = 40", objectives='["single_tps"]').sweep_slo is None
     assert _config("", objectives='["single_tps"]').slo is None
+
+
+def _slo_study():
+    """A study of single_tps and slo_capacity where the two disagree: deep speculation is the
+    fastest stream, shallow speculation holds more users within the promise."""
+    import optuna
+    from optuna.trial import create_trial
+
+    study = optuna.create_study(directions=["maximize"] * 2, storage=optuna.storages.InMemoryStorage(), study_name="slo")
+    study.set_metric_names(["single_tps", "slo_capacity"])
+    for steps, single, cap, broke in ((5, 230.0, 6, 7), (2, 160.0, 14, 18), (1, 120.0, 12, 13)):
+        curve = [{"load": c, "source": "sweep", "p95_itl_ms": 8 + 50 / steps * c / 10, "p95_ttft_ms": 30.0 * c, "holds": c <= cap}
+                 for c in sorted({1, cap, broke})]
+        attrs = {"flags": {"speculative_num_steps": steps, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": steps + 1,
+                           "mem_fraction_static": 0.9},
+                 "slo_curve": curve, "slo_capacity": cap, "slo_sweep_s": 12.0 + steps, "slo_promise": {"p95_itl_ms": 20, "attainment": 0.95},
+                 "slo_note": f"holds at {cap}"}
+        study.add_trial(create_trial(values=[single, float(cap)], user_attrs=attrs, params={}, distributions={}))
+    return study
+
+
+def test_best_picks_the_configuration_holding_the_most_users_within_the_slo():
+    from tuner.results.picks import pick
+
+    study = _slo_study()
+    assert pick(study, "single_tps").trial.number == 0
+    chosen = pick(study, "slo_capacity")
+    assert chosen.trial.number == 1 and "the highest slo_capacity (14.0)" in chosen.reason
+
+
+def test_the_report_draws_latency_against_load_with_the_slo_and_states_the_extra_seconds():
+    from tuner.results.report import build
+
+    report = build(_slo_study())
+    assert "slo" in [p.name for p in report.plots]
+    plot = next(p for p in report.plots if p.name == "slo")
+    assert plot.png.startswith(b"\x89PNG") and "slo_capacity" in plot.caption
+    row = dict(report.summary)["search over load (slo_capacity)"]
+    assert "p95_itl_ms 20" in row and "median 14.0 s extra per trial" in row

@@ -4,9 +4,10 @@ What `[slo]` promises (tuner/config.py · SloConfig) is judged at a load (reques
 closed loop as the concurrent phase runs it) over that load's requests:
 - every promise over the requests pooled: the percentile of all their inter-token latencies
   (each chunk gap spread over its tokens, `RequestResult.itl_s`), the percentile of their TTFTs;
-- goodput (DistServe, Zhong et al. 2024, §2.2): a request is good when it meets every promise
-  itself (its own ITL at the promise's percentile, its TTFT), and the load holds only if at least
-  `attainment` of the requests are good.
+- goodput (DistServe, Zhong et al. 2024, §2.2; AIPerf's goodput): a request is good when its
+  TTFT is within every TTFT promise and its time per output token (its mean inter-token latency)
+  within every ITL promise, and the load holds only if at least `attainment` of the requests are
+  good.
 
 The search (AIPerf's max-concurrency-under-sla recipe) starts from the loads the trial already
 measured (one stream: the single-stream phase; `[bench] concurrency`: the concurrent phase),
@@ -19,7 +20,9 @@ rise with load on one server; a noisy point must not flip a bracket), so a load 
 every lower load does.
 
 A point's first `load` requests (the ramp-up burst, every slot prefilling at once) are not
-judged when the point has at least twice as many; the rest are what steady traffic meets.
+judged when the point has at least twice as many; the rest are what steady traffic meets.  A new
+load judges `rounds` x load requests, at least `MIN_JUDGED` (a share of fewer requests moves in
+steps too coarse for a 95% attainment).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from tuner.measure.stats import percentile
 __all__ = ["LoadPoint", "LoadCurve", "point_of", "search", "smoothed", "PERCENTILES"]
 
 PERCENTILES = (50, 90, 95, 99)
+MIN_JUDGED = 20
 
 
 @dataclass(frozen=True)
@@ -74,12 +78,10 @@ class LoadCurve:
 
 
 def _good(r: RequestResult, slo: SloConfig) -> bool:
-    itls = [x * 1000 for x in r.itl_s()]
-    for metric, q, limit in slo.promises:
-        value = r.ttft_s * 1000 if metric == "ttft" else (percentile(itls, q / 100) if itls else 0.0)
-        if value > limit:
-            return False
-    return True
+    """DistServe's (and AIPerf's goodput's) per-request test: its TTFT within every TTFT promise,
+    its time per output token (the mean of its inter-token latencies) within every ITL promise."""
+    tpot_ms = r.decode_s / (r.completion_tokens - 1) * 1000 if r.completion_tokens >= 2 else 0.0
+    return all((r.ttft_s * 1000 if metric == "ttft" else tpot_ms) <= limit for metric, _, limit in slo.promises)
 
 
 def point_of(results: list[RequestResult], load: int, slo: SloConfig, *, source: str = "sweep") -> LoadPoint:
@@ -216,13 +218,13 @@ def _curve(points: dict[int, LoadPoint], lo: int, hi: int | None, cap: int, slo:
 async def sweep(runner, slo: SloConfig, workload, *, cap: int, single: list[RequestResult],
                 levels: dict[int, list[RequestResult]], progress=None) -> LoadCurve:
     """The search on a live server through `runner` (wire.StreamClient): the single-stream
-    requests are load 1, each concurrent level its load; new loads run a closed loop of
-    (rounds + 1) x load requests, the first round the ramp-up (not judged)."""
+    requests are load 1, each concurrent level its load; a new load runs a closed loop of load +
+    max(rounds x load, MIN_JUDGED) requests, the first `load` the ramp-up (not judged)."""
     known = [point_of(single, 1, slo, source="single")] if single else []
     known += [point_of(results, level, slo, source="concurrent") for level, results in levels.items() if results]
 
     async def measure(load: int) -> LoadPoint:
-        prompts = workload.for_phase("concurrent", (slo.rounds + 1) * load)
+        prompts = workload.for_phase("concurrent", load + max(slo.rounds * load, MIN_JUDGED))
         return point_of(await closed_loop(runner, prompts, load, progress, f"slo load {load}"), load, slo)
 
     return await search(measure, known, cap=max(cap, 1), slo=slo)
