@@ -5,9 +5,9 @@ from tuner.measure import Measurement
 
 name = "slo_capacity"
 direction = "maximize"
-unit = "requests"
-description = ("the largest concurrency at which every promise of [slo] holds (search over load, "
-               "capped by max_running_requests); 0 when none does")
+unit = "requests"  # in flight; requests per second with [slo] arrival = "poisson"
+description = ("the largest concurrency (or, with [slo] arrival = \"poisson\", request rate) at which every "
+               "promise of [slo] holds (search over load, capped by max_running_requests); 0 when none does")
 
 
 def score(m: Measurement) -> float:

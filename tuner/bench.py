@@ -51,9 +51,10 @@ def measurement_table(m: Measurement, objectives) -> Table:
         table.add_row("greedy_inflation", f"{m.greedy_inflation:.2f}x", "single_tps with ignore_eos / stopping at EOS")
     if m.load_curve is not None:
         curve = m.load_curve
-        points = ", ".join(f"{p.load}: p95 ITL {p.itl_ms[95]:.1f} ms, p95 TTFT {p.ttft_ms[95]:.0f} ms, {p.attainment:.0%} good"
+        unit = "req/s" if curve.promise.get("arrival") == "poisson" else "requests"
+        points = ", ".join(f"{p.load:.3g}: p95 ITL {p.itl_ms[95]:.1f} ms, p95 TTFT {p.ttft_ms[95]:.0f} ms, {p.attainment:.0%} good"
                            for p in curve.points)
-        table.add_row("slo_capacity", f"{curve.slo_capacity} requests", f"{curve.note}; {curve.sweep_s:.1f} s of extra load points; {points}")
+        table.add_row("slo_capacity", f"{curve.slo_capacity:g} {unit}", f"{curve.note}; {curve.sweep_s:.1f} s of extra load points; {points}")
     for objective, value in zip(objectives, score(objectives, m)):
         table.add_row(f"objective {objective.name}", fmt(value), objective.unit)
     table.add_row("time", f"{m.duration_s:.1f} s", f"{m.completion_tokens:,} completion tokens")

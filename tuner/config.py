@@ -328,6 +328,9 @@ class SloConfig(_Section):
     precision: float = Field(default=0.10, gt=0, lt=1)  # relative width the search stops at
     max_points: int = Field(default=6, ge=1, le=50)  # load points the search may add per trial
     rounds: int = Field(default=2, ge=1, le=20)  # judged requests per point, in multiples of the load
+    # "closed": the load is requests in flight (slo_capacity in requests); "poisson": requests
+    # arrive at a rate whatever is in flight (slo_capacity in requests per second).
+    arrival: Literal["closed", "poisson"] = "closed"
 
     @model_validator(mode="after")
     def _check(self) -> "SloConfig":
@@ -402,7 +405,7 @@ def _describe(error: dict[str, Any]) -> str:
         close = difflib.get_close_matches(loc[-1], list(SloConfig.model_fields), n=1)
         message = (f"unknown key; did you mean {close[0]}?" if close else
                    "unknown key; [slo] takes p50_/p90_/p95_/p99_itl_ms, the same for _ttft_ms, "
-                   "attainment, precision, max_points and rounds")
+                   "attainment, precision, max_points, rounds and arrival")
     elif error["type"] == "extra_forbidden":
         message = "unknown key; check its spelling against the README's config reference"
     elif error["type"] == "missing":

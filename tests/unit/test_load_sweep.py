@@ -184,3 +184,17 @@ def test_the_report_draws_latency_against_load_with_the_slo_and_states_the_extra
     assert plot.png.startswith(b"\x89PNG") and "slo_capacity" in plot.caption
     row = dict(report.summary)["search over load (slo_capacity)"]
     assert "p95_itl_ms 20" in row and "median 14.0 s extra per trial" in row
+
+
+def test_poisson_arrival_searches_a_request_rate_down_as_well_as_up():
+    slo = SloConfig(p95_ttft_ms=500, arrival="poisson")
+    asked = []
+
+    async def measure(rate):  # TTFT grows as the rate nears 3 req/s, the server's throughput
+        asked.append(rate)
+        return _point(rate, 10, ttft=100 / max(1 - rate / 3, 0.01))
+
+    curve = asyncio.run(search(measure, [], cap=6.0, slo=slo, start=4.0))
+    assert asked[0] == 4.0 and asked[1] == 2.0  # the start breaks: half of it
+    assert 2.4 * 0.9 <= curve.slo_capacity <= 2.4 and len(asked) <= 6  # the truth: 2.4 req/s
+    assert "req/s" in curve.note

@@ -85,7 +85,7 @@ async def _measure(
         curve = None
         if slo is not None:
             curve = await load_sweep.sweep(runner, slo, workload, cap=info.max_running_requests, single=single.results,
-                                           levels=conc.per_level, progress=progress)
+                                           levels=conc.per_level, progress=progress, seed=bench.seed)
     finally:
         await runner.close()
     return _measurement(bench, info, single, conc, accept, server_accept, histogram, duration_s=time.monotonic() - began,

@@ -209,9 +209,10 @@ def slo_plot(front: list[FrozenTrial], arms: dict[str, FrozenTrial]) -> Plot | N
                     ax.scatter([capacity], [at], marker="*", s=140, color=color, edgecolor="black", linewidth=0.5, zorder=4)
         if key in promise:
             ax.axhline(promise[key], color="#c62828", linewidth=1.2, label=f"SLO {key.split('_')[0]} {promise[key]:g} ms")
-        ax.set_xlabel("requests in flight (load)")
+        ax.set_xlabel("requests per second (Poisson arrivals)" if promise.get("arrival") == "poisson" else "requests in flight (load)")
         ax.set_ylabel(f"{key.split('_')[0]} {'ITL' if 'itl' in key else 'TTFT'} (ms)")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if promise.get("arrival") != "poisson":
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         if k == 0:
             ax.legend(fontsize=7, loc="upper left")
