@@ -43,7 +43,7 @@ def test_minimal_config_gets_the_contract_defaults():
         ("[target]\nmanager = \"systemd\"", "x.toml [target]: manager = \"systemd\" needs unit = \"<the service's unit name>\""),
         ("[target]\nurl = \"localhost:30000\"", "x.toml [target] url: 'localhost:30000' is not an http(s) URL like \"http://127.0.0.1:30000\""),
         ("[target]\nhost = \"me@gpu1\"\nidentity_file = \"/no/such/key\"", "x.toml [target] identity_file: /no/such/key does not exist; fix the path"),
-        ("[extra]\na = 1", "x.toml: unknown section [extra]; sections are [study], [target], [server], [space], [bench], [constraints]"),
+        ("[extra]\na = 1", "x.toml: unknown section [extra]; sections are [study], [target], [server], [space], [bench], [constraints], [slo]"),
     ],
 )
 def test_bad_values_name_the_key_and_the_fix(extra, expected):
