@@ -105,7 +105,7 @@ def _measure(args, err) -> tuple:
             if client.health_generate(timeout_s=30) != 200:
                 raise ConfigError(f"nothing ready answers at {config.target.url}; start the server, or pass --flags to launch it")
             m = measure(url=config.target.url, bench=config.bench, info=client.server_info(), workload=workload, client=client,
-                        api_key=config.target.api_key())
+                        api_key=config.target.api_key(), slo=config.sweep_slo)
         finally:
             client.close()
         return config, objectives, m
