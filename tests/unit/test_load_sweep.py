@@ -198,3 +198,18 @@ def test_poisson_arrival_searches_a_request_rate_down_as_well_as_up():
     assert asked[0] == 4.0 and asked[1] == 2.0  # the start breaks: half of it
     assert 2.4 * 0.9 <= curve.slo_capacity <= 2.4 and len(asked) <= 6  # the truth: 2.4 req/s
     assert "req/s" in curve.note
+
+
+def test_the_dry_run_estimate_counts_the_search_over_load():
+    import optuna
+
+    from tuner.results.estimate import DEFAULT_MEASURE_S, DEFAULT_SLO_SWEEP_S, estimate
+
+    fresh = estimate([], n_trials=5, n_baselines=0, gpus=1, memory_edge_searched=False, load_sweep=True)
+    assert fresh.measure_s == DEFAULT_MEASURE_S + DEFAULT_SLO_SWEEP_S
+    assert any("search over load" in s for s in fresh.sources)
+    swept = optuna.trial.create_trial(values=[1.0], user_attrs={"startup_s": 10.0, "measure_s": 50.0, "slo_sweep_s": 30.0})
+    known = estimate([swept], n_trials=5, n_baselines=0, gpus=1, load_sweep=True)
+    assert known.measure_s == 50.0  # the measured trials' measure_s holds their search
+    assert any("of which the search over load 30 s" in s for s in known.sources)
+    assert estimate([], n_trials=5, n_baselines=0, gpus=1).measure_s == DEFAULT_MEASURE_S
