@@ -160,7 +160,7 @@ def _slo_study():
                  for c in sorted({1, cap, broke})]
         attrs = {"flags": {"speculative_num_steps": steps, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": steps + 1,
                            "mem_fraction_static": 0.9},
-                 "slo_curve": curve, "slo_capacity": cap, "slo_sweep_s": 12.0 + steps, "slo_promise": {"p95_itl_ms": 20, "attainment": 0.95},
+                 "slo_curve": curve, "slo_capacity": cap, "slo_sweep_s": 12.0 + steps, "slo_promise": {"p95_itl_ms": 20, "attainment": 0.95, "arrival": "closed"},
                  "slo_note": f"holds at {cap}"}
         study.add_trial(create_trial(values=[single, float(cap)], user_attrs=attrs, params={}, distributions={}))
     return study
