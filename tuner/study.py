@@ -14,7 +14,7 @@ from typing import Callable
 import optuna
 
 from tuner.config import Config
-from tuner.errors import ConfigError, HostError, LaunchError, MeasureError
+from tuner.errors import ConfigError, LaunchError, MeasureError
 from tuner.measure.objectives import Objective, load_objectives
 from tuner.measure.workload import load_workload
 from tuner.progress import Reporter, SilentReporter
@@ -28,6 +28,7 @@ from tuner.search.samplers import make_sampler
 from tuner.search.space import check_compatible
 from tuner.search.warm_start import warm_start
 from tuner.sequence import connected
+from tuner.server.connection import refuse_if_answering
 from tuner.trial import TrialRunner
 
 __all__ = ["RunResult", "run_study", "open_study", "IGNORE_EOS_WARNING"]
@@ -113,11 +114,7 @@ def run_study(config: Config, *, trials: int, sampler_name: str | None = None, s
         result.baselines = baselines.load(storage_of(study), study.study_name) if config.study.baselines else {}
         return result
     with connected(config) as target:
-        if config.target.manager == "process" and target.client.answers():
-            raise HostError(
-                f"something already answers at {config.target.url} that the tuner did not start; "
-                "stop it or point [target] url (and --port) elsewhere"
-            )
+        refuse_if_answering(target)
         runner = TrialRunner(config=config, target=target, workload=workload, objectives=objectives,
                              reporter=reporter, store=artifacts.open_store(config))
         reporter.run_started(study, config, trials)

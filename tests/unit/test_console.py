@@ -115,7 +115,7 @@ def test_baselines_are_shown_under_their_label_outside_the_trial_counter(tmp_pat
 
     from rich.console import Console
 
-    from tuner.optimize import RichReporter
+    from tuner.progress import RichReporter
 
     cfg = _config(storage=f"sqlite:///{tmp_path}/r.db")
     study = optuna.create_study(study_name="s", storage=cfg.storage_url, directions=["maximize"] * 3)

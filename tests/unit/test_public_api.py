@@ -27,7 +27,7 @@ LAYERS = [
     ("tuner.progress", "tuner.sequence"),
     ("tuner.trial",),
     ("tuner.study",),
-    ("tuner.cli",),
+    ("tuner.cli", "tuner.output"),
     ("tuner.optimize", "tuner.bench", "tuner.best", "tuner.report", "tuner.dashboard", "tuner.schedule",
      "tuner.__main__", "tuner"),
 ]
@@ -84,7 +84,7 @@ def test_every_module_imports_only_its_layer_or_below(path):
 def test_measure_and_target_do_not_know_optuna_and_libraries_stay_home():
     homes = {"openai": ("tuner.measure.wire",), "fabric": ("tuner.server.host",), "paramiko": ("tuner.server.host",),
              "invoke": ("tuner.server.host",), "optuna": ("tuner.results", "tuner.search", "tuner.progress", "tuner.trial",
-             "tuner.study", "tuner.optimize", "tuner.best", "tuner.report", "tuner.dashboard", "tuner.schedule")}
+             "tuner.study", "tuner.optimize", "tuner.output", "tuner.best", "tuner.report", "tuner.dashboard", "tuner.schedule")}
     for path in MODULES:
         me = _module(path)
         for imp in _imports(path):

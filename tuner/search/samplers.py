@@ -30,9 +30,15 @@ from optuna.trial import TrialState
 from tuner.config import ConstraintsConfig
 from tuner.errors import ConfigError
 
-__all__ = ["make_sampler", "SAMPLERS", "constraints_func", "MemoryEdgeSampler"]
+__all__ = ["make_sampler", "SAMPLERS", "constraints_func", "MemoryEdgeSampler", "searches_memory_edge"]
 
 SAMPLERS = ("auto", "model", "edge", "tpe", "nsga2", "random")
+
+
+def searches_memory_edge(name: str | None) -> bool:
+    """Whether the sampler named `name` walks mem_fraction_static down from the top (through
+    `MemoryEdgeSampler`), spending a few failed launches before the first measurement."""
+    return (name or "auto").lower() in ("auto", "model", "edge")
 
 
 def constraints_func(constraints: ConstraintsConfig):

@@ -11,7 +11,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.results import record
 from tuner.results import adaptive_table as sch
-from tuner.results.baselines import study_name_for
+from tuner.results.baselines import load_sibling
 from tuner.results.optuna_private import storage_of
 from tuner.results.report.contents import Table
 
@@ -53,9 +53,8 @@ def _comparison(rows: list[sch.Row], cfg: dict) -> Table:
 
 def schedule_for(study: optuna.Study) -> ScheduleSection | None:
     """The latest tuned table of `study`'s schedule launches, or None when it has none."""
-    try:
-        sibling = optuna.load_study(study_name=study_name_for(study.study_name), storage=storage_of(study))
-    except KeyError:
+    sibling = load_sibling(storage_of(study), study.study_name)
+    if sibling is None:
         return None
     trials = sorted(sibling.get_trials(deepcopy=False), key=lambda t: t.number)
     tuned = [t for t in trials if _role(t) == "tuned" and t.state.is_finished()]
