@@ -27,7 +27,7 @@ def _config(storage: str | None = None, flag: str | None = None):
 def test_an_unsupported_driver_is_one_line_naming_the_flag():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no FutureWarning on the way either
-        with pytest.raises(ConfigError, match=r"^--storage: 'localhost/x' is not a store the tuner supports; use sqlite"):
+        with pytest.raises(ConfigError, match=r"^--storage: 'mysql://u@localhost/x' is not a store the tuner supports; use sqlite"):
             open_storage(_config(flag="mysql://u@localhost/x"))
 
 
