@@ -84,8 +84,8 @@ def _check_schedulable(config: Config) -> None:
 
 
 def _default_levels(study: optuna.Study) -> list[int]:
-    caps = [t.user_attrs.get("max_running_requests") for t in study.get_trials(deepcopy=False)
-            if t.state.name == "COMPLETE" and (t.user_attrs.get("flags") or {}).get("speculative_eagle_topk") == 1]
+    caps = [t.user_attrs.get(record.MAX_RUNNING_REQUESTS) for t in study.get_trials(deepcopy=False)
+            if t.state.name == "COMPLETE" and (t.user_attrs.get(record.FLAGS) or {}).get("speculative_eagle_topk") == 1]
     caps = [c for c in caps if isinstance(c, int) and c > 0]
     return sch.levels_up_to(min(caps) if caps else DEFAULT_MAX_LEVEL)
 
@@ -113,7 +113,7 @@ def plan_for(config: Config, study: optuna.Study, levels: list[int] | None) -> P
 
 def gather(plan: Plan) -> None:
     """Every reusable measurement of the study and its baselines, into `plan.samples`."""
-    hardware = plan.study.user_attrs.get("hardware")
+    hardware = plan.study.user_attrs.get(record.HARDWARE)
     if plan.config.study.allow_mixed_hardware:
         hardware = None
     samples = sch.samples_from_trials(plan.study.get_trials(deepcopy=False), source="study", hardware=hardware)
@@ -122,9 +122,9 @@ def gather(plan: Plan) -> None:
         trials = sibling.get_trials(deepcopy=False)
         samples += sch.samples_from_trials(trials, source="baselines", hardware=hardware, workload=plan.workload)
         for t in trials:
-            role = t.user_attrs.get("schedule") or {}
+            role = t.user_attrs.get(record.SCHEDULE) or {}
             if role.get("role") == "static" and t.state.name in ("PRUNED", "FAIL") and role.get("workload") == plan.workload:
-                plan.failed[int(role["steps"])] = t.user_attrs.get("fail_reason", t.state.name)
+                plan.failed[int(role["steps"])] = t.user_attrs.get(record.FAIL_REASON, t.state.name)
     plan.samples = [s for s in samples if s.steps in plan.steps]
 
 
@@ -265,10 +265,10 @@ def _adaptive_launch(plan: Plan, session: Session, cfg: dict | None, mfs: float 
     trial = session.runner.run_schedule(session.sibling, adaptive_spec(plan.config, target, path, mfs), attrs,
                                         label="tuned table" if cfg is not None else "SGLang's default table")
     session.runner.reporter.trial_finished(trial)
-    by_level = {int(k): float(v) for k, v in (trial.user_attrs.get("concurrent_tps_by_level") or {}).items()}
+    by_level = {int(k): float(v) for k, v in (trial.user_attrs.get(record.CONCURRENT_TPS_BY_LEVEL) or {}).items()}
     why = None
     if trial.state.name != "COMPLETE":
-        why = f"the adaptive server did not run: {trial.user_attrs.get('fail_reason', trial.state.name)}"
+        why = f"the adaptive server did not run: {trial.user_attrs.get(record.FAIL_REASON, trial.state.name)}"
     elif trial.user_attrs.get(record.SPECULATIVE_ADAPTIVE) is False:
         why = "the server reports speculative_adaptive=false in /server_info: it fell back to static speculation"
     return trial, ({} if why else by_level), why

@@ -18,7 +18,7 @@ from tuner.errors import ConfigError, LaunchError, MeasureError
 from tuner.measure.objectives import Objective, load_objectives
 from tuner.measure.workload import load_workload
 from tuner.progress import Reporter, SilentReporter
-from tuner.results import artifacts, baselines, hypervolume, resilient
+from tuner.results import artifacts, baselines, hypervolume, record, resilient
 from tuner.results.optuna_private import storage_of
 from tuner.results.picks import pick
 from tuner.results.storage import open_storage
@@ -106,7 +106,7 @@ def run_study(config: Config, *, trials: int, sampler_name: str | None = None, s
     check_compatible(config.space, study)
     resilient.watch(study, reporter.phase)  # "waiting for the study's database ..." while it is away
     resilient.settle(study, reporter.warning)  # what an earlier run kept through an outage, first
-    study.set_user_attr("sampler", sampler_name or config.study.sampler)
+    study.set_user_attr(record.SAMPLER, sampler_name or config.study.sampler)
     recover_stale_trials(study, reporter.warning)
     workload = load_workload(config.bench.prompts, seed=config.bench.seed, base_dir=config.base_dir)
     result = RunResult(study=study, objectives=objectives)

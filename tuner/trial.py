@@ -193,9 +193,9 @@ class TrialRunner:
             return
         mine = {"accelerator": info.accelerator, "gpu_count": info.gpu_count}
         study = trial.study
-        recorded = study.user_attrs.get("hardware")
+        recorded = study.user_attrs.get(record.HARDWARE)
         if recorded is None:
-            study.set_user_attr("hardware", {**mine, "first_target": self.config.target.host})
+            study.set_user_attr(record.HARDWARE, {**mine, "first_target": self.config.target.host})
         elif not self.config.study.allow_mixed_hardware and (
             recorded.get("accelerator") != mine["accelerator"] or recorded.get("gpu_count") != mine["gpu_count"]
         ):

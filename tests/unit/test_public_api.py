@@ -122,3 +122,42 @@ def test_every_name_a_module_exports_exists():
         module = importlib.import_module(_module(path))
         missing += [f"{_module(path)}.{name}" for name in getattr(module, "__all__", []) if not hasattr(module, name)]
     assert not missing, missing
+
+
+def _literal_attr_keys(path: Path, record_keys: set[str]) -> list[str]:
+    """Trial/study attribute keys written as string literals: `x.user_attrs["k"]`,
+    `x.user_attrs.get("k")`, `"k" in x.user_attrs`, `set_user_attr("k", ...)`, and a record
+    key read from a copy of the attrs (`attrs.get("fail_reason")`)."""
+    def attrs_of(node) -> str | None:
+        name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
+        return name if name in ("user_attrs", "attrs") else None
+
+    def literal(node) -> str | None:
+        return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        key, holder = None, None
+        if isinstance(node, ast.Subscript):
+            key, holder = literal(node.slice), attrs_of(node.value)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
+            if node.func.attr == "get":
+                key, holder = literal(node.args[0]), attrs_of(node.func.value)
+            elif node.func.attr == "set_user_attr":
+                key, holder = literal(node.args[0]), "user_attrs"
+        elif isinstance(node, ast.Compare) and len(node.comparators) == 1 and isinstance(node.ops[0], (ast.In, ast.NotIn)):
+            key, holder = literal(node.left), attrs_of(node.comparators[0])
+        if key is not None and (holder == "user_attrs" or (holder == "attrs" and key in record_keys)):
+            found.append(f"{_module(path)}:{node.lineno}: {key!r}")
+    return found
+
+
+def test_every_attribute_key_is_named_in_record_only():
+    """tuner/results/record.py is the one home of the attribute keys: a literal key anywhere else
+    is a second home (a typo there reads None forever); use `record.<KEY>`."""
+    from tuner.results import record
+
+    keys = {getattr(record, n) for n in record.__all__ if n.isupper() and isinstance(getattr(record, n), str)}
+    sources = [p for p in MODULES if p.name != "record.py"] + sorted((ROOT / "objectives").glob("*.py"))
+    literals = [hit for path in sources for hit in _literal_attr_keys(path, keys)]
+    assert not literals, literals

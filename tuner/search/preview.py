@@ -67,7 +67,7 @@ def run_estimate(config: Config, study: optuna.Study | None, arms: dict, trials:
     """The run's duration and GPU time from the study's history (and its baselines').  The
     memory edge costs launches only with a sampler that searches it (`sampler`: --sampler,
     else [study] sampler)."""
-    hardware = study.user_attrs.get("hardware") if study is not None else None
+    hardware = study.user_attrs.get(record.HARDWARE) if study is not None else None
     gpus = (hardware or {}).get(record.GPU_COUNT) or _gpus_of(config.server.command_line)
     history = [t for t in (study.get_trials(deepcopy=False) if study is not None else []) if t.state.is_finished()]
     edge = config.space.mem_fraction_static is not None and searches_memory_edge(sampler or config.study.sampler)
