@@ -101,6 +101,23 @@ def test_the_emulator_imports_nothing_of_the_tuner_and_no_tuner_dependencies():
     assert out == "[]"
 
 
+EMULATOR_MAX_LINES = 80
+# Longer today, in code other work of this round is changing (the memory model and the start-up
+# log it prints): pinned at their length, so they may shrink but not grow; split them next.
+EMULATOR_PINNED = {"sglang_emulator.model.size_memory": 184, "sglang_emulator.__main__._run_scheduler": 108}
+
+
+def test_no_function_of_the_emulator_is_longer_than_eighty_lines():
+    long = []
+    for path in sorted((ROOT / "sglang_emulator").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                name, lines = f"{_module(path)}.{node.name}", node.end_lineno - node.lineno + 1
+                if lines > EMULATOR_PINNED.get(name, EMULATOR_MAX_LINES):
+                    long.append(f"{name}: {lines} lines")
+    assert not long, long
+
+
 def test_no_function_outside_the_emulator_is_longer_than_sixty_lines():
     long = []
     for path in MODULES:
