@@ -20,10 +20,9 @@ from tuner.cli import consoles, guarded, in_config, parser
 from tuner.config import DEFAULT_CONFIG, load_config
 from tuner.errors import ConfigError, LaunchError, TunerError
 from tuner.measure.objectives import load_objectives
-from tuner.measure.runner import Measurement, measure
+from tuner.measure.runner import Measurement
 from tuner.measure.workload import load_workload
-from tuner.sequence import connected, launch_and_measure
-from tuner.server.client import ServerClient
+from tuner.sequence import connected, launch_and_measure, measure_running
 
 __all__ = ["main", "warnings_for", "build_parser", "blame_flags"]
 
@@ -56,15 +55,7 @@ def _measure(args, err) -> tuple:
             err.print(f"  {text}", highlight=False)
 
     if args.flags is None:
-        client = ServerClient(config.target.url, api_key=config.target.api_key())
-        try:
-            if client.health_generate(timeout_s=30) != 200:
-                raise ConfigError(f"nothing ready answers at {config.target.url}; start the server, or pass --flags to launch it")
-            m = measure(url=config.target.url, bench=config.bench, info=client.server_info(), workload=workload, client=client,
-                        api_key=config.target.api_key())
-        finally:
-            client.close()
-        return config, objectives, m
+        return config, objectives, measure_running(config, workload)
     try:
         extra = shlex.split(args.flags)
     except ValueError as exc:

@@ -4,6 +4,7 @@ commands, help with defaults, the installed script named as itself."""
 from __future__ import annotations
 
 import argparse
+import json
 import sqlite3
 import warnings
 
@@ -237,3 +238,29 @@ def test_the_estimate_comes_from_the_study_history_and_warns_below_the_memory_ed
     pruned.datetime_start, pruned.datetime_complete = t0, t0 + timedelta(seconds=5)
     known = estimate([done, pruned], n_trials=10, n_baselines=0, gpus=4)
     assert not known.warnings and known.total_s == 10 * 30 and known.gpu_hours == pytest.approx(300 * 4 / 3600)
+
+
+def test_one_result_prints_as_a_table_json_or_markdown(capsys):
+    """tuner/output.py: the Markdown form is the terminal tables as Markdown (title, header,
+    one row per row, markup gone, pipes escaped), the JSON form the view's data."""
+    import io
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from tuner import output
+
+    table = Table(title="Pareto front of study 's'")
+    table.add_column("trial")
+    table.add_column("single_tps")
+    table.add_row("3", "[green]181.5[/green]")
+    table.add_row("7", "a|b")
+    view = output.View({"front": [3, 7]}, [table, "over no speculation: [bold]+45%[/bold]"])
+    assert output.render_markdown(view) == (
+        "**Pareto front of study 's'**\n\n| trial | single_tps |\n|---|---|\n| 3 | 181.5 |\n| 7 | a\\|b |\n\n"
+        "over no speculation: +45%\n")
+    output.show(view, "json", Console(file=io.StringIO()))
+    assert json.loads(capsys.readouterr().out) == {"front": [3, 7]}
+    terminal = Console(file=io.StringIO(), width=120)
+    output.show(view, "table", terminal)
+    assert "181.5" in terminal.file.getvalue() and "[green]" not in terminal.file.getvalue()
