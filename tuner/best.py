@@ -53,7 +53,7 @@ def _text(config, params, fmt: str) -> str:
     if fmt == "flags":
         return " ".join(params.flags())
     if fmt == "command":
-        return launch_spec(config.server, params, api_key=config.target.api_key()).launch_command
+        return launch_spec(config.server, params, api_key=config.target.api_key(), admin_api_key=config.target.admin_api_key()).launch_command
     return (f"# /etc/systemd/system/{config.target.unit or '<unit>'}.service.d/{APPLIED_NAME}\n"
             + render_dropin(launch_spec(config.server, params), original_state=None, study=config.study.name))
 

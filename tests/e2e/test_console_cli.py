@@ -87,7 +87,7 @@ def test_a_fatal_baseline_stops_the_run_and_baselines_are_measured_again_next_ru
 
 
 @pytest.mark.parametrize("storage, message", [
-    ("mysql://tuner@localhost/optuna", "error: --storage: 'localhost/optuna' is not a store the tuner supports; use sqlite:///path.db"),
+    ("mysql://tuner@localhost/optuna", "error: --storage: 'mysql://tuner@localhost/optuna' is not a store the tuner supports; use sqlite:///path.db"),
     ("sqlite:///{tmp}/no/such/dir/x.db", "error: --storage: folder {tmp}/no/such/dir does not exist"),
 ])
 def test_storage_errors_are_exactly_one_line(tmp_path, storage, message):
