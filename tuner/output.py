@@ -218,11 +218,15 @@ def list_view(rows: list[dict], storage_url: str) -> View:
     if not rows:
         return View(rows, [Text(f"no study in {redacted_url(storage_url)}")])
     lines = []
+    table = Table(title=f"Studies in {redacted_url(storage_url)}", title_justify="left")
+    for column in ("study", "trials", "best"):
+        table.add_column(column)
     for row in rows:
         best = "  ".join(f"{k}={v:,.1f}" for k, v in row["best"].items()) or "nothing measured"
         counts = ", ".join(f"{n} {s}" for s, n in row["trials"].items()) or "no trials"
         lines.append(Text(f"{row['study']:<24} {counts:<40} best: {best}"))
-    return View(rows, lines)
+        table.add_row(row["study"], counts, best)
+    return View(rows, lines, markdown=[table])
 
 
 # -- tuner.schedule -------------------------------------------------------------------------------
