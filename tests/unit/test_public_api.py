@@ -178,3 +178,14 @@ def test_every_attribute_key_is_named_in_record_only():
     sources = [p for p in MODULES if p.name != "record.py"] + sorted((ROOT / "objectives").glob("*.py"))
     literals = [hit for path in sources for hit in _literal_attr_keys(path, keys)]
     assert not literals, literals
+
+
+COMMANDS = ("optimize", "bench", "best", "schedule", "report", "dashboard")
+
+
+def test_command_modules_stay_thin():
+    """A command parses, calls one library function and prints through tuner/output.py; what
+    grows past ~120 lines belongs in the library (the run in tuner/adaptive.py, the plan in
+    tuner/search/preview.py, the reporters in tuner/progress.py)."""
+    long = {name: n for name in COMMANDS if (n := len((PKG / f"{name}.py").read_text().splitlines())) > 120}
+    assert not long, long
