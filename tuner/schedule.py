@@ -34,7 +34,7 @@ from tuner.cli import guarded
 from tuner.config import DEFAULT_CONFIG, Config, IntRange, apply_overrides, load_config
 from tuner.errors import ConfigError, HostError, LaunchError, MeasureError, TunerError
 from tuner.measure.objectives import load_objectives
-from tuner.measure.workload import load_workload
+from tuner.measure.workload import bench_workload
 from tuner.progress import SilentReporter
 from tuner.results import artifacts, baselines
 from tuner.results import adaptive_table as sch
@@ -201,7 +201,7 @@ def open_session(plan: Plan, target: Target, reporter) -> Session:
         raise HostError(f"something already answers at {plan.config.target.url} that the tuner did not start; "
                         "stop it or point [target] url (and --port) elsewhere")
     objectives = load_objectives(plan.config.study.objectives, _study_levels(plan))
-    workload = load_workload(plan.config.bench.prompts, seed=plan.config.bench.seed, base_dir=plan.config.base_dir)
+    workload = bench_workload(plan.config.bench, plan.config.base_dir)
     runner = TrialRunner(config=plan.config, target=target, workload=workload, objectives=objectives,
                          reporter=reporter, store=artifacts.open_store(plan.config))
     return Session(target, runner, open_sibling(plan, objectives))
