@@ -1,6 +1,7 @@
 """`python -m tuner.best --pick ... --format ...`: the configuration to put into production.
 
     --pick single_tps | concurrent_tps | capacity | balanced   (default balanced)
+           or any objective of the study, such as single_tps:long_context
     --format flags | command | systemd                         (default flags)
     --apply   install it on the target and wait until the server is ready:
               systemd: a drop-in of its own (50-sglang-tuner-best.conf), daemon-reload, restart;
@@ -22,6 +23,7 @@ from tuner.config import DEFAULT_CONFIG, apply_overrides, load_config
 from tuner.errors import TunerError
 from tuner.results.picks import PICKS, pick
 from tuner.results.storage import existing_storage, load_existing_study, study_summaries
+from tuner.results import classes, record
 from tuner.results.record import params_of
 from tuner.sequence import connected, launch
 from tuner.server.control.process import ProcessControl
@@ -56,8 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default=DEFAULT_CONFIG, help="study config naming the study, its store and the target")
     p.add_argument("--study-name", help="overrides [study] name (default: the config's)")
     p.add_argument("--storage", help="overrides [study] storage (default: the config's)")
-    p.add_argument("--pick", choices=PICKS, default="balanced",
-                   help="which trial of the Pareto front: the best of one objective, or balanced (its weakest objective highest)")
+    p.add_argument("--pick", default="balanced", metavar="|".join(PICKS),
+                   help="which trial of the Pareto front: the best of one objective (a study objective's name, such as "
+                        "single_tps:long_context), or balanced (its weakest objective highest)")
     p.add_argument("--format", choices=("flags", "command", "systemd"), default="flags",
                    help="the searched flags, the whole launch command, or a systemd drop-in")
     p.add_argument("--json", action="store_true", help="print the pick (or --list) as JSON on stdout")
@@ -72,7 +75,8 @@ def _pick_json(config, study, choice, how: str) -> dict:
     return {"study": study.study_name, "pick": how, "trial": choice.trial.number, "reason": choice.reason,
             "tied_with": list(choice.tied_with), "values": dict(zip(names, choice.trial.values)),
             "flags": params.as_dict() if params else {}, "flags_text": " ".join(params.flags()) if params else "",
-            "launch_command": launch_spec(config.server, params).launch_command if params else None}
+            "launch_command": launch_spec(config.server, params).launch_command if params else None,
+            "by_class": record.by_class_of(choice.trial), "losses": classes.pick_summary(study, choice.trial)[1]}
 
 
 def _list(config, as_json: bool) -> int:
@@ -105,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             raise TunerError(str(exc)) from None
         params = params_of(choice.trial)
         print(f"# trial {choice.trial.number} ({args.pick}): {choice.reason}", file=sys.stderr)
+        _print_classes(study, choice.trial)
         if args.json:
             print(json.dumps(_pick_json(config, study, choice, args.pick), indent=2))
         elif args.format == "flags":
@@ -120,6 +125,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     return guarded(body, launch_prefix="the applied configuration did not come up: ")
+
+
+def _print_classes(study: optuna.Study, trial) -> None:
+    """To stderr: the pick's figures per request class beside the baselines', and a warning per
+    class it decodes more slowly than no speculation."""
+    rows, losses = classes.pick_summary(study, trial)
+    if rows:
+        widths = [max(len(r[i]) for r in [classes.CLASS_HEADER, *rows]) for i in range(len(classes.CLASS_HEADER))]
+        for row in [classes.CLASS_HEADER, *rows]:
+            print("#   " + "  ".join(cell.rjust(w) for cell, w in zip(row, widths)), file=sys.stderr)
+    for loss in losses:
+        print(f"warning: trial {trial.number} is slower than no speculation on {loss}", file=sys.stderr)
 
 
 def _print_predicted(study: optuna.Study, config) -> None:
