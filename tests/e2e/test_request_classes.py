@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import textwrap
+import time
 
 import optuna
 import pytest
@@ -90,3 +91,46 @@ def test_a_two_class_study_records_each_class_and_picks_per_class(tmp_path):
     assert chat["flags"]["speculative_num_steps"] == 4 and long["flags"]["speculative_num_steps"] == 1
     assert any(loss.startswith("long_context: ") and "x no speculation" in loss for loss in chat["losses"])
     assert "slower than no speculation on long_context" in chat["stderr"]
+
+
+def test_a_level_ends_at_its_request_count_or_level_seconds_whichever_first(start_emulator):
+    """Issue 25 item 11: a level sends a few times its concurrency (not one global count) and
+    stops sending after [bench] level_seconds."""
+    from tuner.config import parse_config
+    from tuner.measure.runner import measure
+    from tuner.measure.workload import bench_workload
+    from tuner.server.client import ServerClient
+
+    emu = start_emulator("--speculative-algorithm", "NEXTN", env={"SGLANG_EMULATOR_TIME_SCALE": "0.25"})
+    emu.wait_healthy()
+    client = ServerClient(emu.url)
+
+    def run(level_seconds: float) -> tuple[dict[str, int], float]:
+        bench = parse_config(HEAD + f"max_tokens = 256\nsingle_requests = 1\nsingle_min_passes = 1\nsingle_max_passes = 1\n"
+                                    f"concurrency = [1, 4]\nconcurrent_requests = 64\nwarmup_requests = 0\nlevel_seconds = {level_seconds}\n"
+                                    'prompts = { input_len = 50, output_len = 256, range_ratio = 1.0, num_prompts = 8, category = "chat" }\n').bench
+        sent: dict[str, int] = {}
+        spans: dict[str, list[float]] = {}
+
+        def progress(phase: str, done: int, total: int) -> None:
+            sent[phase] = max(sent.get(phase, 0), done)
+            spans.setdefault(phase, []).append(time.monotonic())
+
+        measure(url=emu.url, bench=bench, info=client.server_info(), workload=bench_workload(bench), client=client, progress=progress)
+        level_1 = spans["concurrency 1"]
+        return sent, level_1[-1] - level_1[0]
+
+    sent, _ = run(600)
+    assert sent["concurrency 1"] == 8 and sent["concurrency 4"] == 16  # min(concurrent_requests, 4 x level)
+    sent, span = run(1.0)
+    assert 1 <= sent["concurrency 1"] < 8 and span < 1.0 + 3.0
+
+
+HEAD = '[study]\nname = "x"\n[server]\ncommand = "x --speculative-algorithm NEXTN"\n[bench]\n'
+
+
+def test_the_dry_run_shows_the_measurement_time_per_trial(tmp_path):
+    config = write_config(tmp_path, bench="concurrency = [1, 8]\nlevel_seconds = 30")
+    result = run_cli("--trials", "3", "--dry-run", "--config", str(config), timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "measurement 60 s per trial (default, concurrent levels capped at 60 s by [bench] level_seconds)" in result.stdout + result.stderr
