@@ -55,7 +55,7 @@ GiB = float(1 << 30)
 MiB = float(1 << 20)
 
 # --- The physical anchor: forward times of an 8B-shaped decoder on one H200 -------------------
-# ../shared/notes/h200-forward-times.md, "Linear layers only": ms per forward by tokens in the
+# docs/h200-forward-times.md, "Linear layers only": ms per forward by tokens in the
 # forward (B x d).  Where several (B, d) share a token count the table agrees within 2%; we keep
 # their mean.  Every profile's target forward is this curve, scaled (see `forward_ms`).
 _H200_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
