@@ -9,6 +9,7 @@ restored afterwards.  Prints every figure with its spread, and warnings that nam
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import shlex
@@ -44,6 +45,11 @@ def measurement_table(m: Measurement, objectives) -> Table:
         table.add_row("thinking_tokens", fmt(m.thinking_tokens), "of the completion tokens, thinking (timed like the answer)")
     table.add_row("max_total_num_tokens", fmt(m.max_total_num_tokens), "")
     table.add_row("max_running_requests", fmt(m.max_running_requests), "")
+    table.add_row("request_tokens", fmt(m.request_tokens), "measured: mean prompt + max_tokens (auto)" if m.request_tokens_auto else "[bench] request_tokens")
+    for name, f in m.by_class.items():
+        table.add_row(f"class {name}", f"{f.single_tps:.1f} tok/s",
+                      f"share {f.share:.2f}, {f.requests} requests, accept {fmt(f.accept_length, 2)}, prompt tokens {f.prompt_tokens_median:,.0f} (median), "
+                      f"concurrent {fmt(f.concurrent_tps)} tok/s, single stream {f.single_s:.1f} s")
     table.add_row("TTFT", f"{m.ttft_ms:.1f} ms", f"p90 {m.ttft_p90_ms:.1f}, p99 {m.ttft_p99_ms:.1f} (single stream)")
     table.add_row("ITL", f"{m.itl_ms:.2f} ms", f"p90 {m.itl_p90_ms:.2f}, p99 {m.itl_p99_ms:.2f} (single stream)")
     table.add_row("end-to-end", f"{m.e2e_ms:.0f} ms", f"p90 {m.e2e_p90_ms:.0f}, p99 {m.e2e_p99_ms:.0f}")
@@ -147,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
                                        "accept_histogram": list(m.accept_histogram) if m.accept_histogram else None,
                                        "thinking_tokens": m.thinking_tokens, "max_total_num_tokens": m.max_total_num_tokens,
                                        "max_running_requests": m.max_running_requests, "ttft_ms": m.ttft_ms, "itl_p99_ms": m.itl_p99_ms,
-                                       "greedy_inflation": m.greedy_inflation, "objectives": dict(zip([o.name for o in objectives], score(objectives, m)))}))
+                                       "greedy_inflation": m.greedy_inflation, "request_tokens": m.request_tokens,
+                                       "by_class": {c: dataclasses.asdict(f) for c, f in m.by_class.items()}, "objectives": dict(zip([o.name for o in objectives], score(objectives, m)))}))
         else:
             out.print(measurement_table(m, objectives))
         for warning in warnings_for(m, config.bench):

@@ -92,6 +92,14 @@ def test_a_two_class_study_records_each_class_and_picks_per_class(tmp_path):
     assert any(loss.startswith("long_context: ") and "x no speculation" in loss for loss in chat["losses"])
     assert "slower than no speculation on long_context" in chat["stderr"]
 
+    out = subprocess.run([PYTHON, "-m", "tuner.report", "--config", str(config), "--out", str(tmp_path / "report")],
+                         capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    report = (tmp_path / "report" / "report.md").read_text()
+    section = report.split("## Per request class", 1)[1].split("\n## ", 1)[0]
+    assert "| no speculation | long_context |" in section and f"| trial {trials[4].number} | long_context |" in section
+    assert f"trial {trials[4].number}: long_context: " in section  # the chat pick's loss, named
+
 
 def test_a_level_ends_at_its_request_count_or_level_seconds_whichever_first(start_emulator):
     """Issue 25 item 11: a level sends a few times its concurrency (not one global count) and
