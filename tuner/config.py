@@ -311,6 +311,14 @@ class BenchConfig(_Section):
     def concurrency_levels(self) -> list[int]:
         return self.concurrency if isinstance(self.concurrency, list) else [self.concurrency]
 
+    @property
+    def prompts_json(self) -> Any:
+        """`prompts` as JSON (a record of which workload was measured): the path, or the synthetic tables."""
+        if isinstance(self.prompts, str):
+            return self.prompts
+        tables = self.prompts if isinstance(self.prompts, list) else [self.prompts]
+        return [t.model_dump() for t in tables]
+
     def level_requests(self, level: int) -> int:
         """Requests a concurrency level sends: a few times its concurrency (enough for a steady
         window), never more than `concurrent_requests`."""

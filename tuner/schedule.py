@@ -138,7 +138,7 @@ def plan_for(config: Config, study: optuna.Study, levels: list[int] | None) -> P
     steps = sch.steps_range(values, config.server.command_line.params().speculative_num_steps)
     b = config.bench
     workload = {"temperature": b.temperature, "top_p": b.top_p, "max_tokens": b.max_tokens, "ignore_eos": b.ignore_eos,
-                "prompts": b.prompts, "seed": b.seed}
+                "prompts": b.prompts_json, "seed": b.seed, **({"mix": b.mix} if b.mix else {})}
     sched = config.model_copy(update={"bench": _schedule_bench(config, levels)})
     return Plan(sched, study, levels, steps, workload)
 

@@ -43,7 +43,7 @@ def class_figures(mix: dict[str, float], single: list[RequestResult], class_rate
         if first_level is not None:
             level, results = first_level
             of = [r for r in results if r.request_class == c]
-            level_tps = steady_window_rate(results, level, of=of)[0] if of else 0.0
+            level_tps = steady_window_rate(results, level, of=of)[0] if of else None  # none of it sent there
         out[c] = ClassFigures(
             requests=len(mine),
             single_tps=tps,
