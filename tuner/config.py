@@ -277,8 +277,8 @@ class BenchConfig(_Section):
     single_target_ci: float = Field(default=0.03, gt=0, lt=1)  # 95% CI half-width / mean
     concurrency: int | list[int] = 16
     concurrent_requests: int = Field(default=64, ge=1)  # per level at most; a level sends min(this, 4 x its concurrency)
-    # A level's concurrent phase stops sending at its request count or after this many seconds,
-    # whichever comes first (in-flight requests finish; the steady window is what was steady).
+    # A level's concurrent phase stops sending at its request count or after this many seconds of
+    # steady state (from its first completion), whichever comes first; in-flight requests finish.
     level_seconds: float = Field(default=60.0, gt=0)
     # KV tokens one request holds, for capacity; "auto": the workload's own mean, measured.
     request_tokens: Union[int, Literal["auto"]] = "auto"

@@ -29,15 +29,19 @@ def max_tokens_of(prompt: Prompt, bench: BenchConfig) -> int:
 async def closed_loop(runner: StreamClient, prompts: list[Prompt], concurrency: int, progress: Progress | None, phase: str,
                       *, seconds: float | None = None) -> list[RequestResult]:
     """Keep `concurrency` requests in flight until `prompts` are sent or, with `seconds`, until
-    that long has passed (the requests in flight then finish)."""
+    the loop has run that long in steady state: the clock starts at the first completion (every
+    slot has been filled by then, the ramp-up is over); the requests in flight then finish."""
     queue = list(reversed(prompts))
     results: list[RequestResult] = []
-    deadline = time.monotonic() + seconds if seconds is not None else math.inf
+    deadline = math.inf
 
     async def worker() -> None:
+        nonlocal deadline
         while queue and time.monotonic() < deadline:
             prompt = queue.pop()
             results.append(await runner.one(prompt, max_tokens_of(prompt, runner.bench)))
+            if seconds is not None and deadline == math.inf:
+                deadline = time.monotonic() + seconds
             if progress:
                 progress(phase, len(results), len(prompts))
 

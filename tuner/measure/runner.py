@@ -13,8 +13,8 @@ Order (each phase's definition is in the README, "What the figures mean"):
    as hyperfine repeats a command until its spread is known;
 4. concurrent phase, per concurrency level: a closed loop keeping `concurrency` requests in
    flight, drawn in the mix's proportions, until `level_requests(level)` have been sent or
-   `level_seconds` have passed; the rate counts only the steady window (all slots busy), not
-   the ramp-up or the drain;
+   `level_seconds` have passed since its first completion (steady state); the rate counts
+   only the steady window (all slots busy), not the ramp-up or the drain;
 5. accept length per request: completion tokens over verify steps (`spec_verify_ct`), summed
    over phases 3-4, from the chat stream's `sglext.spec_tokens_details` (0.5.23, asked with
    `return_spec_tokens_details`) or, on servers without it, from native `/generate` requests'
