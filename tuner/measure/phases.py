@@ -85,13 +85,15 @@ async def warm_up(runner: StreamClient, bench: BenchConfig, workload: Workload, 
 
 
 def _pass_rates(results: list[RequestResult], classes: list[str]) -> dict[str, float]:
-    """Each class's mean decode rate over one pass's requests."""
+    """Each class's mean decode rate over one pass's requests; a class whose answers were all
+    one token long has no decode rate in this pass (it is left out of the pass's weighted mean)."""
     out = {}
     for c in classes:
         rates = [r.decode_tps for r in results if r.request_class == c and r.decode_tps is not None]
-        if not rates:
-            raise MeasureError(f"no single-stream request of class {c!r} produced two tokens; raise [bench] max_tokens")
-        out[c] = statistics.fmean(rates)
+        if rates:
+            out[c] = statistics.fmean(rates)
+    if not out:
+        raise MeasureError("no single-stream request produced two tokens; raise [bench] max_tokens")
     return out
 
 
@@ -117,8 +119,9 @@ async def single_phase(runner: StreamClient, bench: BenchConfig, workload: Workl
         by_class = _pass_rates(done, workload.classes)
         for c, rate in by_class.items():
             class_rates[c].append(rate)
-        rates.append(sum(workload.mix[c] * rate for c, rate in by_class.items()))
-        if len(rates) >= bench.single_min_passes and all(_tight(r, bench.single_target_ci) for r in [rates, *class_rates.values()]):
+        weight = sum(workload.mix[c] for c in by_class)
+        rates.append(sum(workload.mix[c] * rate for c, rate in by_class.items()) / weight)
+        if len(rates) >= bench.single_min_passes and all(_tight(r, bench.single_target_ci) for r in [rates, *class_rates.values()] if r):
             break
     single_tps, ci = summarize_rate(rates)
     reference_tps = None
