@@ -18,7 +18,7 @@ from tuner.results import baselines, record
 from tuner.results.optuna_private import storage_of
 from tuner.results.picks import DEFAULT_NOISE
 
-__all__ = ["CLASS_HEADER", "class_rows", "losses", "no_speculation", "pick_summary"]
+__all__ = ["CLASS_HEADER", "class_rows", "losses", "no_speculation", "pick_summary", "pick_lines"]
 
 CLASS_HEADER = ["configuration", "class", "share", "requests", "single_tps", "vs no speculation", "accept", "prompt tokens", "concurrent_tps"]
 
@@ -71,3 +71,14 @@ def pick_summary(study: optuna.Study, trial: FrozenTrial) -> tuple[list[list[str
     base = arms.get("no_speculation")
     labelled = [(f"trial {trial.number}", trial), *((k.replace("_", " "), t) for k, t in arms.items())]
     return class_rows(labelled, base), losses(trial, base)
+
+
+def pick_lines(study: optuna.Study, trial: FrozenTrial) -> list[str]:
+    """For stderr under a pick: its figures per request class beside the baselines' ("#   "
+    lines, aligned) and a warning per class it decodes more slowly than no speculation."""
+    rows, lost = pick_summary(study, trial)
+    lines = []
+    if rows:
+        widths = [max(len(r[i]) for r in [CLASS_HEADER, *rows]) for i in range(len(CLASS_HEADER))]
+        lines = ["#   " + "  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in [CLASS_HEADER, *rows]]
+    return lines + [f"warning: trial {trial.number} is slower than no speculation on {loss}" for loss in lost]
