@@ -149,7 +149,7 @@ class Session:
 
 
 def open_session(plan: Plan, target: Target, reporter) -> Session:
-    refuse_if_answering(target)
+    refuse_if_answering(target.client, plan.config.target)
     objectives = load_objectives(plan.config.study.objectives, _study_levels(plan))
     workload = bench_workload(plan.config.bench, plan.config.base_dir)
     runner = TrialRunner(config=plan.config, target=target, workload=workload, objectives=objectives,

@@ -115,7 +115,7 @@ def run_study(config: Config, *, trials: int, sampler_name: str | None = None, s
         result.baselines = baselines.load(storage_of(study), study.study_name) if config.study.baselines else {}
         return result
     with connected(config) as target:
-        refuse_if_answering(target)
+        refuse_if_answering(target.client, config.target)
         runner = TrialRunner(config=config, target=target, workload=workload, objectives=objectives,
                              reporter=reporter, store=artifacts.open_store(config))
         reporter.run_started(study, config, trials)

@@ -141,7 +141,7 @@ def plan(config: Config, trials: int, *, sampler: str | None = None, seed: int |
     todo = baselines.missing(arms, command) if config.study.baselines and trials > 0 else []
     earlier = len(study.trials) if study is not None else 0
     with connected(config, prepare=config.target.manager == "systemd", restore=False) as target:
-        refuse_if_answering(target)
+        refuse_if_answering(target.client, config.target)
         result = DryRunPlan(config.study.name, redacted_url(config.storage_url), target.control.description,
                             config.target.url, earlier, trials)
         result.launches = [{"baseline": kind, "launch_command": target.command_spec(baselines.baseline_command(command, kind)).launch_command}
