@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -165,8 +166,8 @@ def slo_sweep_row(trials: list[FrozenTrial]) -> tuple[str, str] | None:
     points = sorted(sum(p.get("source") == "sweep" for p in record.slo_curve_of(t)) for t in swept)
     promise = swept[-1].user_attrs.get(record.SLO_PROMISE) or {}
     return ("search over load (slo_capacity)",
-            f"{', '.join(f'{k} {v:g}' if isinstance(v, (int, float)) else f'{k} {v}' for k, v in promise.items())}: median {extra[len(extra) // 2]:.1f} s extra per trial "
-            f"(max {extra[-1]:.1f} s), {points[len(points) // 2]} load point(s) added (max {points[-1]}) over {len(swept)} trial(s)")
+            f"{', '.join(f'{k} {v:g}' if isinstance(v, (int, float)) else f'{k} {v}' for k, v in promise.items())}: median {statistics.median(extra):.1f} s extra per trial "
+            f"(max {extra[-1]:.1f} s), {statistics.median(points):g} load point(s) added (max {points[-1]}) over {len(swept)} trial(s)")
 
 
 def _last_growth(finished: list[FrozenTrial]) -> int | None:
