@@ -80,12 +80,12 @@ def _contains(dist, value) -> bool:
 
 class ModelSampler(optuna.samplers.BaseSampler):
     def __init__(self, fallback: optuna.samplers.BaseSampler, *, seed: int | None = None, draws: int = 64,
-                 min_p_start: float = 0.5, max_fit_error: float = 0.15, usable: str | None = None):
+                 min_p_start: float = 0.5, first_p_start: float = 0.9, usable: str | None = None):
         self._fallback = fallback
         self._seed = seed or 0
         self._draws = draws
         self._min_p = min_p_start
-        self._max_error = max_fit_error
+        self._first_p = first_p_start
         self._usable = usable  # why the model cannot be used at all (SLO constraints), or None
         self._space = None
         self._base = None
@@ -157,10 +157,9 @@ class ModelSampler(optuna.samplers.BaseSampler):
             if any(t.state == TrialState.COMPLETE for t in trials):
                 return Decision(fallback=True, note=f"model not fitted ({why}); the default sampler chose")
             return self._design(trials, shapes, mfs_values)
-        n_ok = sum(1 for t in trials if t.state == TrialState.COMPLETE)
-        if model.fit_error > self._max_error and n_ok >= 4:
-            return Decision(fallback=True, note=f"the model fits badly ({model.fit_error:.0%} RMS error on the "
-                                                f"measured throughputs); the default sampler chose")
+        # A poor throughput fit widens the throughput intervals (Model.predict) but keeps what
+        # the model knows about memory: handing the study to a sampler that knows nothing about
+        # it would cost failed launches (issue #23).
         return self._best(trials, model, names, shapes, mfs_values)
 
     def _candidates(self, fixed: dict) -> tuple[list[tuple[int, int, int]], list[float]]:
@@ -206,7 +205,12 @@ class ModelSampler(optuna.samplers.BaseSampler):
         # Highest fraction first: among equal gains argmax keeps the larger KV pool.
         cand = np.array([(*s, m) for s in shapes for m in reversed(mfs_values)], dtype=float)
         pred = model.predict(cand[:, 0].astype(int), cand[:, 1].astype(int), cand[:, 2].astype(int), cand[:, 3])
-        allowed = (pred.p_start >= self._min_p) & ~_excluded(cand, trials)
+        # A shape's first start goes where it starts with high confidence (the upper bound of its
+        # graph memory, below every failure of it); raising its fraction later is a launch of its own,
+        # worth it only if the expected gain says so.
+        started = {c[:3] for t in trials if t.state == TrialState.COMPLETE and (c := _config(t)) is not None}
+        first = np.array([tuple(int(x) for x in row[:3]) not in started for row in cand], dtype=bool)
+        allowed = (pred.p_start >= np.where(first, self._first_p, self._min_p)) & ~_excluded(cand, trials)
         if not allowed.any():
             return Decision(fallback=True, note="the model rules out every remaining configuration of the space "
                                                 "(measured, ruled out, or unlikely to start); the default sampler chose")
