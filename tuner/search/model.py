@@ -354,10 +354,14 @@ def graph_tokens(steps, topk, draft, bs) -> np.ndarray:
 _U_GRAPH = (np.arange(12) + 0.5) / 12  # where a shape's graphs sit between the fit and the upper bound
 _U_THETA = (np.arange(32) + 0.5) / 32  # the unreported reserve, between 0 and its upper bound
 _U_KV = (np.arange(16) + 0.5) / 16  # the per-draft-token KV reservation, between its bounds
-_THETA_MAX = 0.12  # prior bound on the reserve a capture needs beyond what it reports: 12% of the memory
-_UNSEEN_TREE = 3.0  # a first tree's graphs per graph token, up to 3x a chain's (FlashInfer's index buffers)
+# Prior bounds on the reserve a capture needs beyond what it reports, as shares of the memory:
+# issue #23 measured ~1-8% of the card; 10% leaves a margin above.
+_THETA_MIN, _THETA_MAX = 0.01, 0.10
+_THETA_LOG = False
+_UNSEEN_TREE = 1.5  # a first tree's graphs per graph token, up to 1.5x a chain's (FlashInfer's index buffers)
 _UNSEEN_TOPK = 1.25  # another topk than any started tree's
 _KV_DECADE = 4.0  # a KV failure the line did not foresee: the reservation is 1-4x what it needed
+_FLATTEN = (0.25, 0.5, 0.75, 1.0)  # how much the reservation line may flatten beyond the started drafts
 # Hybrid (linear-attention) architectures: SGLang reserves their intermediate state per draft token
 # and request slot (kv_cache_configurator.py · _handle_max_mamba_cache), so KV tokens fall with draft tokens.
 _HYBRID_ARCHS = ("Qwen3Next", "Qwen3_5", "Mamba", "NemotronH", "FalconH", "Jamba", "Lfm2", "GraniteMoeHybrid",
@@ -378,8 +382,8 @@ class Memory:
     A capture starts when free - graphs >= theta: free = (1 - mfs) x pre - other (the capture
     log's "avail mem" before the first graph), graphs between the linear fit and an upper bound
     that scales the most graph memory per graph token any launch showed, theta an unreported
-    reserve in [0, theta_hi] (theta_hi: the least startup_available a launch started with, and at
-    most 12% of the memory).  Failed launches weigh the (graph, theta) grid: only combinations
+    reserve in [theta_lo, theta_hi] (theta_hi: the least startup_available a launch started with,
+    and at most 10% of the memory; theta_lo 1% of it).  Failed launches weigh the (graph, theta) grid: only combinations
     under which they would have failed keep their weight."""
 
     pre: float  # GiB the static fraction is taken of (pre-load memory)
@@ -392,6 +396,7 @@ class Memory:
     graph_coef: np.ndarray
     other: float  # slack not available to graphs (activations), GiB
     theta_hi: float  # upper bound of the reserve (GiB)
+    theta_lo: float  # lower bound
     spread: float  # GiB std of a graph-need prediction for measured-like shapes
     seen_topk: set
     max_draft: dict
@@ -406,6 +411,8 @@ class Memory:
     floors: dict = field(default_factory=dict)
     hi_scale: float = 1.0
     drafts: tuple = ()  # draft tokens of the launches the KV line was fitted on
+    flatten: bool = True  # False once a KV failure beyond them showed the line does not flatten
+    hybrid: "HybridPool | None" = None  # a hybrid's pools in SGLang's form, once the state pool capped a launch
 
     @property
     def beta(self) -> float:
@@ -413,11 +420,19 @@ class Memory:
 
     def kv_tokens(self, mfs, draft, beta: float | None = None) -> np.ndarray:
         rest = self.pre * np.asarray(mfs, dtype=float) - self.fixed
-        tokens = self.alpha * rest - (self.beta if beta is None else beta) * np.asarray(draft, dtype=float)
+        tokens = self.alpha * rest - (self.beta if beta is None else beta) * self.reserved_drafts(draft)
         return np.floor(np.maximum(tokens, 0.0))
 
     def running(self, tokens) -> np.ndarray:
         return np.minimum(self.running_cap, np.floor(np.asarray(tokens) * self.running_per_token))
+
+    def pool(self, mfs, draft) -> tuple[np.ndarray, np.ndarray]:
+        """(KV tokens, running requests) per candidate."""
+        if self.hybrid is not None:
+            tokens, running, _ = self.hybrid.solve(self.pre * np.asarray(mfs, dtype=float) - self.fixed, draft)
+            return tokens, running
+        tokens = self.kv_tokens(mfs, draft)
+        return tokens, self.running(tokens)
 
     def graphs(self, steps, topk, draft, bs) -> np.ndarray:
         return _graph_features(steps, topk, draft, bs) @ self.graph_coef
@@ -449,17 +464,42 @@ class Memory:
         """P(the graphs fit): over the weighted (graph, theta) grid."""
         lo, hi = self.graph_range(steps, topk, draft, bs)
         room = self.free(mfs)
-        theta = self.theta_hi * _U_THETA
+        edges = self._theta(np.arange(len(_U_THETA) + 1) / len(_U_THETA))
         w = self.weights / self.weights.sum()
         out = np.zeros(len(lo))
         for g, u in enumerate(_U_GRAPH):
             left = room - (lo + u * (hi - lo))  # what the reserve may take
-            cum = np.concatenate([[0.0], np.cumsum(w[g])])
-            out += np.interp(left, np.concatenate([[0.0], theta + 0.5 * self.theta_hi / len(theta)]), cum)
+            out += np.interp(left, edges, np.concatenate([[0.0], np.cumsum(w[g])]))
         return np.clip(out, 0.0, 1.0)
 
+    def _theta(self, u) -> np.ndarray:
+        """The reserve at quantile u of its prior: log-uniform between the bounds (a reserve is
+        as likely 1-2% as 4-8% of the memory)."""
+        if _THETA_LOG and self.theta_lo > 0:
+            return self.theta_lo * (self.theta_hi / self.theta_lo) ** np.asarray(u)
+        return self.theta_lo + (self.theta_hi - self.theta_lo) * np.asarray(u)
+
+    def theta_range(self, q: float = 0.1) -> tuple[float, float]:
+        """The reserve's q and 1 - q quantiles under the launches' weights (GiB)."""
+        marginal = self.weights.sum(axis=0)
+        cum = np.cumsum(marginal) / marginal.sum()
+        theta = self._theta(_U_THETA)
+        return float(theta[np.searchsorted(cum, q)]), float(theta[min(np.searchsorted(cum, 1 - q), len(theta) - 1)])
+
+    def reserved_drafts(self, draft, flatten: float = _FLATTEN[1]) -> np.ndarray:
+        """Draft tokens as the reservation counts them: beyond the largest started draft count
+        SGLang reserves per slot the pool can still serve (min(max running, slots / ratio) + 1),
+        which falls as the drafts eat the pool, so the line may flatten there (by `flatten`);
+        a KV failure beyond them says it did not (flatten 1)."""
+        draft = np.asarray(draft, dtype=float)
+        if not self.flatten or not self.drafts:
+            return draft
+        top = float(max(self.drafts))
+        return np.where(draft > top, top + (draft - top) * flatten, draft)
+
     def p_kv(self, mfs, draft) -> np.ndarray:
-        """P(the pool holds a request): over the per-draft-token reservation's range."""
+        """P(the pool holds a request): over the per-draft-token reservation's range (and how
+        much it flattens beyond the measured drafts)."""
         if self.beta_hi <= self.beta_lo:
             betas = np.array([self.beta_lo])
         elif self.beta_lo > 0:
@@ -468,8 +508,85 @@ class Memory:
             betas = self.beta_lo + (self.beta_hi - self.beta_lo) * _U_KV
         need = max(2.0, 1.0 / max(self.running_per_token, 1e-12))
         rest = self.pre * np.asarray(mfs, dtype=float) - self.fixed
-        tokens = self.alpha * rest[:, None] - betas[None, :] * np.asarray(draft, dtype=float)[:, None]
-        return (tokens >= need).mean(axis=1)
+        if self.hybrid is not None:
+            return self.hybrid.p_start(rest, np.asarray(draft, dtype=float))
+        out = np.zeros(len(rest))
+        for f in _FLATTEN:
+            tokens = self.alpha * rest[:, None] - betas[None, :] * self.reserved_drafts(draft, f)[:, None]
+            out += (tokens >= need).mean(axis=1) / len(_FLATTEN)
+        return out
+
+
+_U_POOL = (np.arange(24) + 0.5) / 24  # the per-draft-token state's grid, as shares of its largest value
+_MAMBA_RATIO = 3  # MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO: state slots per running request
+_MAMBA_SHARE = 0.9 / 1.9  # --mamba-full-memory-ratio 0.9: the state's share r / (1 + r) of the rest
+
+
+@dataclass
+class HybridPool:
+    """A hybrid model's pools in SGLang's own form (kv_cache_configurator.py ·
+    _handle_max_mamba_cache, resolve_max_num_reqs; docs/sglang-real-server.md row 15): of the
+    rest (mfs x pre - weights), the intermediate state r x draft per request slot served
+    (min(max running, slots / 3) + 1) is reserved first; the state slots K take share x the
+    remainder at s GiB each; KV tokens the rest at `cell` GiB; running requests are capped at
+    K // 3.  Fitted from launches whose running requests the state pool capped (their K is
+    3 x running); r is known on a grid (its weights: how well one s and one cell explain every
+    launch, and every KV failure's having failed)."""
+
+    r: np.ndarray  # GiB per draft token and slot, per grid point
+    s: np.ndarray  # GiB per state slot, per grid point
+    cell: np.ndarray  # GiB per KV token, per grid point
+    weights: np.ndarray
+    cap: float
+
+    def solve(self, rest, draft, i: int | None = None):
+        """(tokens, running, slots) per candidate, at grid point i (None: the weighted centre)."""
+        rest, draft = np.asarray(rest, dtype=float), np.asarray(draft, dtype=float)
+        if i is None:
+            i = int(np.argmin(np.abs(np.cumsum(self.weights) / self.weights.sum() - 0.5)))
+        r, s, cell = self.r[i], self.s[i], self.cell[i]
+        k = (rest - r * draft) / (s / _MAMBA_SHARE + r * draft / _MAMBA_RATIO)
+        capped = k / _MAMBA_RATIO > self.cap  # the request cap binds first
+        k = np.where(capped, (rest - r * draft * (self.cap + 1)) * _MAMBA_SHARE / s, k)
+        inter = r * draft * (np.minimum(k / _MAMBA_RATIO, self.cap) + 1)
+        tokens = np.floor(np.maximum(((1 - _MAMBA_SHARE) * (rest - inter) - s) / cell, 0.0))
+        running = np.minimum(np.minimum(self.cap, tokens // 2), np.floor(np.maximum(k, 0.0)) // _MAMBA_RATIO)
+        return tokens, running, k
+
+    def p_start(self, rest, draft) -> np.ndarray:
+        w = self.weights / self.weights.sum()
+        out = np.zeros(len(np.atleast_1d(rest)))
+        for i in np.flatnonzero(w > 1e-9):
+            tokens, running, _ = self.solve(rest, draft, i)
+            out += w[i] * ((tokens >= 2) & (running >= 1))
+        return out
+
+
+def _fit_hybrid_pool(mem: Memory, ok: list[Launch], failed_kv: list[Launch]) -> HybridPool | None:
+    """The pool of a hybrid from its state-capped launches, or None when none was capped."""
+    capped = [x for x in ok if 0 < float(x.attrs.get(record.MAX_RUNNING_REQUESTS) or 0) < mem.running_cap
+              and float(x.attrs[record.MAX_RUNNING_REQUESTS]) < x.memory["token_capacity"] // 2]
+    if not capped:
+        return None
+    rest = np.array([mem.pre * x.mfs - mem.fixed for x in capped])
+    draft = np.array([x.shape.draft for x in capped], dtype=float)
+    k = 3.0 * np.array([float(x.attrs[record.MAX_RUNNING_REQUESTS]) for x in capped]) + 1.0
+    tokens = np.array([float(x.memory["token_capacity"]) for x in capped])
+    slots = draft * (k / _MAMBA_RATIO + 1)
+    r = float(np.min(rest / slots)) * _U_POOL  # s >= 0 for every launch
+    s_each = _MAMBA_SHARE * (rest[None, :] - r[:, None] * slots[None, :]) / k[None, :]
+    s = np.median(s_each, axis=1)
+    cell = np.median(((1 - _MAMBA_SHARE) * (rest[None, :] - r[:, None] * slots[None, :]) - s[:, None]) / tokens[None, :], axis=1)
+    spread = np.std(s_each, axis=1) / np.maximum(s, 1e-9)
+    weights = np.exp(-0.5 * (spread / 0.05) ** 2) if len(capped) > 1 else np.ones(len(r))
+    pool = HybridPool(r, np.maximum(s, 1e-9), np.maximum(cell, 1e-12), weights, mem.running_cap)
+    for x in failed_kv:  # it failed: keep the grid points under which it would have
+        started = np.array([pool.solve([mem.pre * x.mfs - mem.fixed], [x.shape.draft], i)[1][0] >= 1 for i in range(len(r))])
+        if (pool.weights * ~started).sum() > 1e-6 * pool.weights.sum():
+            pool.weights = pool.weights * ~started
+        else:
+            return None  # the form does not explain it: the line's bounds take over
+    return pool
 
 
 def _fit_graphs(rows: list[tuple]) -> tuple[np.ndarray, float]:
@@ -509,6 +626,7 @@ def _fit_kv(mem: Memory, ok: list[Launch], failed_kv: list[Launch], hybrid: bool
     else:
         mem.beta_lo, mem.beta_hi = 0.0, 2 * beta
     need = max(2.0, 1.0 / max(mem.running_per_token, 1e-12))
+    mem.flatten = not any(x.shape.draft > max(mem.drafts) for x in failed_kv)
     for x in failed_kv:
         at_least = (mem.alpha * (mem.pre * x.mfs - mem.fixed) - need) / max(x.shape.draft, 1)
         if at_least > mem.beta_lo:
@@ -543,7 +661,8 @@ def _fit_memory(ls: list[Launch]) -> Memory | None:
     other = float(np.median(others)) if others else 0.0
     left = [m["startup_available"] if m.get("startup_available") is not None else pre * (1 - x.mfs) - other - g[4]
             for x, m, g in zip(ok, mu, rows)]
-    mem = Memory(pre, fixed, 0.0, 0.0, 0.0, cap, slots, coef, other, max(min(_THETA_MAX * pre, min(left)), 0.05),
+    theta_hi = max(min(_THETA_MAX * pre, min(left)), 0.05)
+    mem = Memory(pre, fixed, 0.0, 0.0, 0.0, cap, slots, coef, other, theta_hi, min(_THETA_MIN * pre, 0.5 * theta_hi),
                  spread + 0.05, {x.shape.topk for x in ok}, {})
     mem.drafts = tuple(sorted({x.shape.draft for x in ok}))
     for x, r in zip(ok, rows):
@@ -556,6 +675,8 @@ def _fit_memory(ls: list[Launch]) -> Memory | None:
             mem.rho_chain = max(mem.rho_chain, per_token)
         mem.measured[(x.shape.steps, x.shape.topk, x.shape.draft)] = (r[3], r[4])
     _fit_kv(mem, ok, [x for x in ls if x.state == "memory_kv"], _is_hybrid(ok))
+    if _is_hybrid(ok):
+        mem.hybrid = _fit_hybrid_pool(mem, ok, [x for x in ls if x.state == "memory_kv"])
     _weigh_graph_failures(mem, [x for x in ls if x.state in _MEM_FAILURES])
     return mem
 
@@ -570,11 +691,11 @@ def _graph_bs(x: Launch, running: float) -> float:
 def _weigh_graph_failures(mem: Memory, failed: list[Launch]) -> None:
     """Keep the (graph, theta) combinations under which every graph OOM would have failed: a
     failure needed more than what was free (the capture log's figure when it has one)."""
-    theta = mem.theta_hi * _U_THETA
+    theta = mem._theta(_U_THETA)
     weights = np.ones((len(_U_GRAPH), len(_U_THETA)))
     seen = []
     for x in failed:
-        bs = float(mem.running(mem.kv_tokens(x.mfs, x.shape.draft))) or 1.0
+        bs = float(mem.pool([x.mfs], [x.shape.draft])[1][0]) or 1.0
         free = (x.attrs.get(record.CAPTURE_MEMORY) or {}).get("free_before")
         free = float(free) if free is not None else float(mem.free(x.mfs))
         key = (x.shape.steps, x.shape.topk, x.shape.draft)
@@ -640,8 +761,7 @@ class Model:
                 cache[key] = self.acceptance.accept(Shape(int(key[0]), int(key[1]), int(key[2])))
         accept = np.array([cache[key] for key in zip(steps.tolist(), topk.tolist(), draft.tolist())])
         m = self.memory
-        tokens = m.kv_tokens(mfs, draft)
-        running = m.running(tokens)
+        tokens, running = m.pool(mfs, draft)
         batch = np.maximum(np.minimum(self.level, running), 1)
         t1 = self.time.ms(steps, topk, draft, np.ones_like(batch), accept, 0)
         tb = self.time.ms(steps, topk, draft, batch, accept, 1)
@@ -676,6 +796,11 @@ class Model:
         """Capacity's doubt from the per-draft-token reservation's range (hybrid models): none
         once two draft counts fixed the line, most far from the measured count."""
         m = self.memory
+        if m.hybrid is not None:  # the spread of the pool's grid, weighted
+            h, rest = m.hybrid, m.pre * np.asarray(mfs, dtype=float) - m.fixed
+            keep = np.flatnonzero(h.weights > 1e-6 * h.weights.sum())
+            grid = np.array([h.solve(rest, draft, i)[0] for i in keep])
+            return np.minimum(1.0, np.std(grid, axis=0) / np.maximum(grid.mean(axis=0), 1.0))
         tokens = np.maximum(m.kv_tokens(mfs, draft), 1.0)
         return np.minimum(1.0, 0.5 * (m.beta_hi - m.beta_lo) * np.asarray(draft, dtype=float) / tokens)
 
@@ -725,7 +850,7 @@ def fit(trials: list[FrozenTrial], metric_names: list[str] | None) -> tuple[Mode
 def _anchors(model: Model, ok: list[Launch]) -> dict:
     """Per measured shape, the mean log ratio of measured to predicted throughputs (model.anchors)."""
     p = model.predict([x.shape.steps for x in ok], [x.shape.topk for x in ok], [x.shape.draft for x in ok], [x.mfs for x in ok])
-    batch = np.maximum(np.minimum(model.level, model.memory.running(model.memory.kv_tokens([x.mfs for x in ok], [x.shape.draft for x in ok]))), 1)
+    batch = np.maximum(np.minimum(model.level, model.memory.pool([x.mfs for x in ok], [x.shape.draft for x in ok])[1]), 1)
     by_shape: dict[Shape, list] = {}
     for i, x in enumerate(ok):
         if x.values.get("single_tps") and x.values.get("concurrent_tps"):

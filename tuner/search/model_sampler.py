@@ -231,8 +231,15 @@ class ModelSampler(optuna.samplers.BaseSampler):
             c = names.index("capacity")
             samples[..., c] = np.minimum(samples[..., c], model.memory.running_cap)
         samples = samples / scale
-        gain = expected_hv_gain(_pad3(front / scale), _pad3(samples)) * pred.p_start[idx]
+        gain = expected_hv_gain(_pad3(front / scale), _pad3(samples))
+        if "capacity" in names:
+            gain = np.maximum(gain, _CLIMB_WEIGHT * _climb_gain(cand[idx], pred.capacity[idx], pred.p_start[idx], trials,
+                                                             measured, names, scale))
+        gain = gain * pred.p_start[idx]
         best = int(idx[int(np.argmax(gain))]) if gain.max() > 0 else int(idx[int(np.argmax(sds[idx].sum(1) * pred.p_start[idx]))])
+        probe = _reserve_probe(model, cand[idx], pred.p_start[idx], gain, first[idx])
+        if probe is not None:
+            best = int(idx[probe])
         s, k, d, m = cand[best]
         params = dict(zip(_NAMES, (int(s), int(k), int(d), round(float(m), 6))))
         why = (f"largest expected hypervolume gain {float(gain.max()):.4f}" if gain.max() > 0 else
@@ -240,6 +247,66 @@ class ModelSampler(optuna.samplers.BaseSampler):
         note = (f"model: {why} (P(start) {pred.p_start[best]:.2f}); "
                 f"fitted on {len(M.launches(trials, None))} launches, throughput fit error {model.fit_error:.1%}")
         return Decision(params, note=note, prediction=pred.interval(best))
+
+
+# Raising a measured shape's fraction also tells every other shape how much memory the capture
+# really needs (the reserve is the same for all): its worth is the hypervolume the whole measured
+# front would gain if every point's capacity grew as this one's would, discounted by half
+# (other shapes' graphs leave them less room), and it is taken only where P(start) >= 0.7.
+_CLIMB_WEIGHT = 1.0
+_CLIMB_P = 0.7
+
+
+_PROBE_P = (0.55, 0.8)  # a reserve probe starts with this probability: a failure is the price of learning
+
+
+def _reserve_probe(model: M.Model, cand: np.ndarray, p_start: np.ndarray, gain: np.ndarray, first: np.ndarray) -> int | None:
+    """While the unreported reserve is known only within more than 2% of the memory, the next
+    launch is a measured shape at a higher fraction that starts with P 0.55-0.8 (the most
+    gain among them): each success lowers the reserve's bound for every shape at once, each
+    failure raises it, so new shapes can then start near the edge at P >= 0.9 instead of
+    climbing one fraction step per launch.  None when the reserve is known or no such candidate."""
+    lo, hi = model.memory.theta_range()
+    if hi - lo <= 0.02 * model.memory.pre:
+        return None
+    ok = (~first) & (p_start >= _PROBE_P[0]) & (p_start <= _PROBE_P[1]) & (gain > 0)
+    if not ok.any():
+        return None
+    return int(np.flatnonzero(ok)[int(np.argmax(gain[ok]))])
+
+
+def _hv(points: np.ndarray) -> float:
+    """Hypervolume of normalised points (maximised, origin reference) on the gain's grid."""
+    return 1.0 - float(_box_volumes(np.clip(_pad3(points), 0, 1), 40)[-1, -1, -1])
+
+
+def _climb_gain(cand: np.ndarray, capacity: np.ndarray, p_start: np.ndarray, trials, measured: np.ndarray,
+                names: list[str], scale: np.ndarray) -> np.ndarray:
+    """Per candidate, the front's gain if its capacity ratio over its shape's best measured one
+    applied to every measured point; 0 for shapes not measured, or below _CLIMB_P."""
+    out = np.zeros(len(cand))
+    best: dict[tuple, float] = {}
+    for t in trials:
+        c = _config(t)
+        if t.state == TrialState.COMPLETE and c is not None and t.values:
+            best[c[:3]] = max(best.get(c[:3], 0.0), float(t.values[names.index("capacity")]))
+    if not best or not len(measured):
+        return out
+    front = measured.reshape(-1, len(names)) / scale
+    base = _hv(front)
+    col = names.index("capacity")
+    cache: dict[float, float] = {}
+    for i, row in enumerate(cand):
+        had = best.get(tuple(int(x) for x in row[:3]))
+        if not had or p_start[i] < _CLIMB_P or p_start[i] > 0.999 or capacity[i] <= had:
+            continue
+        ratio = round(float(capacity[i]) / had, 2)
+        if ratio not in cache:
+            lifted = front.copy()
+            lifted[:, col] = lifted[:, col] * ratio
+            cache[ratio] = max(_hv(np.concatenate([front, lifted])) - base, 0.0)
+        out[i] = cache[ratio]
+    return out
 
 
 def _pad3(a: np.ndarray) -> np.ndarray:
