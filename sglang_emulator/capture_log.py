@@ -34,7 +34,7 @@ def capture_lines(spec: m.SpecShape, graphs: dict[str, float], capture_bs: tuple
     """The begin/end lines up to the runner that fails (its begin line only), or all of them."""
     bs = list(capture_bs)
     lines = [f"Capture cuda graph bs {bs}"] if version == "0.5.9" else []
-    avail = avail_gib
+    avail = max(avail_gib, 0.0)  # free memory, as the driver reports it: never below zero
     for runner, name, tokens in _runners(spec):
         used = graphs.get(runner, 0.0)
         if version == "0.5.9":
@@ -42,7 +42,7 @@ def capture_lines(spec: m.SpecShape, graphs: dict[str, float], capture_bs: tuple
             if runner == failed_runner:
                 break
             lines.append(f"Capture {_RUNNER_0_5_9[runner]}cuda graph end. Time elapsed: {elapsed_s:.2f} s. "
-                         f"mem usage={used:.2f} GB. avail mem={avail - used:.2f} GB.")
+                         f"mem usage={used:.2f} GB. avail mem={max(avail - used, 0.0):.2f} GB.")
         else:
             draft_bs = f"bs={bs}, " if runner.startswith("draft") else ""
             lines.append(f"Capture {name} CUDA graph begin. backend=full, num_tokens_per_req={tokens}, {draft_bs}avail mem={avail:.2f} GB")
@@ -50,6 +50,6 @@ def capture_lines(spec: m.SpecShape, graphs: dict[str, float], capture_bs: tuple
                 break
             target_bs = "" if runner.startswith("draft") else f"bs={bs}, "
             lines.append(f"Capture {name} CUDA graph end. {target_bs}elapsed={elapsed_s:.2f} s, "
-                         f"mem usage={used:.2f} GB, avail mem={avail - used:.2f} GB.")
-        avail -= used
+                         f"mem usage={used:.2f} GB, avail mem={max(avail - used, 0.0):.2f} GB.")
+        avail = max(avail - used, 0.0)
     return lines
