@@ -18,17 +18,17 @@ capacity and whether the server starts, each with an uncertainty:
   costs the same while memory-bound and grows linearly past a knee in batch x draft tokens
   (docs/h200-forward-times.md).  Fitted (non-negative least squares, knee on a grid) on
   accept / single_tps at batch 1 and batch x accept / concurrent_tps at the measured level.
-- Memory is linear.  KV tokens = (mem_fraction x pre-load memory - weights - per-draft-token
-  state) / cell: a line in the fraction (slope from the server's `memory_usage`: pre-load memory
-  = (weight + kvcache) / fraction, tokens per GiB = token_capacity / kvcache).  CUDA graphs need
-  g0 + graph_bs x (a x draft + b x topk x (steps - 1)) plus, for trees on FlashInfer, index
-  buffers in graph_bs x draft and graph_bs x steps x topk; fitted on the per-runner graph GiB
-  each launch reports.  What is left after capture (`startup_available`) is the graph-OOM
-  margin: slack (1 - fraction) x pre-load - other - graphs must stay above a threshold that
-  failed launches bound from below and started ones from above.
+- Memory, with what the launches leave unknown (issue #23; `Memory`, `HybridPool`).  KV tokens
+  in SGLang's form (a hybrid's state slots and per-draft-token intermediate state per served
+  slot, or a line in the fraction with a per-draft-token term); the graph memory of a shape
+  between the linear fit on the per-runner graph GiB and an upper bound scaling the most GiB per
+  graph token seen; the reserve a capture needs beyond what it reports between 1% of the memory
+  and the least `startup_available` a launch started with.  P(start) is the share of those
+  grids under which the launch fits; every memory failure keeps only the grid points under which
+  it would have failed (a graph OOM needed more than the capture log's free memory).
 
-Uncertainties are simple: residual-based log-normal spreads, widened for shapes unlike any
-measured one (an unseen topk, deeper or wider than measured), and a normal margin for starting.
+Throughput uncertainties are residual-based log-normal spreads, widened for shapes unlike any
+measured one (an unseen topk, deeper or wider than measured) and by the fit's own error.
 A measured shape is anchored: at another fraction it is predicted from its own measurement, and
 only what the fraction changes (the batch the pool allows) is uncertain (`Model.anchors`).
 Pure numpy/scipy on `FrozenTrial`s; nothing here knows the emulator.

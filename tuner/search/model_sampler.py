@@ -19,9 +19,11 @@ candidate is expected to add anything, the least known one (largest spread x P(s
 
 No model yet (nothing completed): the warm start's shape, or else the deepest chain (its
 acceptance by depth gives every shallower chain's), at a safe fraction: the command's own, or
-55% up the range, and lower after each graph OOM.  Where the model fits badly (or cannot be
-fitted: no memory_usage from the server, SLO constraints, objectives it does not predict), it
-falls back to the default sampler and says so in the trial's `model_note`.
+55% up the range, and lower after each graph OOM.  A shape's first start goes where P(start)
+>= 0.9; while the unreported reserve is uncertain, a reserve probe (`_reserve_probe`) raises a
+measured shape.  Where the model cannot be fitted (no memory_usage from the server, SLO
+constraints, objectives it does not predict), it falls back to the default sampler and says so
+in the trial's `model_note`; a poor throughput fit only widens the intervals (issue #23).
 """
 
 from __future__ import annotations
