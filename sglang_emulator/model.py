@@ -50,7 +50,7 @@ GiB = float(1 << 30)
 MiB = float(1 << 20)
 
 # --- The physical anchor: forward times of an 8B-shaped decoder on one H200 -------------------
-# ../shared/notes/h200-forward-times.md, "Linear layers only": ms per forward by tokens in the
+# docs/h200-forward-times.md, "Linear layers only": ms per forward by tokens in the
 # forward (B x d).  Where several (B, d) share a token count the table agrees within 2%; we keep
 # their mean.  Every profile's target forward is this curve, scaled (see `forward_ms`).
 _H200_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
@@ -468,10 +468,9 @@ def size_memory(
             state = SpecShape(spec.algorithm, steps, 1, steps + 1)
             for name, gib in graph_memory_gib(profile, state, top_bs, fixed=i == 0).items():
                 graphs[name] = graphs.get(name, 0.0) + gib
-    activations = chunked_prefill_size * mem.activation_mib_per_token / 1024
-    free_for_graphs = slack - mem.non_torch_gib - activations
+    free_for_graphs = slack - mem.non_torch_gib - chunked_prefill_size * mem.activation_mib_per_token / 1024
     needed = sum(graphs.values())
-    reserve = mem.capture_reserve_frac * gpu_gib
+    reserve = mem.capture_reserve_frac * gpu_gib  # needed by the capture, in no figure
     if needed + reserve > free_for_graphs:
         free = max(free_for_graphs, 0.0)
         largest = max(graphs.values())
@@ -486,9 +485,7 @@ def size_memory(
             "expandable_segments:True to avoid fragmentation.  See documentation for Memory "
             "Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)",
             exc_type="torch.OutOfMemoryError",
-            graphs=graphs,
-            free_gib=free_for_graphs - reserve,
-            avail_gib=free_for_graphs + mem.non_torch_gib,
+            graphs=graphs, free_gib=free_for_graphs - reserve, avail_gib=free_for_graphs + mem.non_torch_gib,
         )
     return MemoryPlan(
         pre_load_gib=pre_load,

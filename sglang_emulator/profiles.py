@@ -27,10 +27,10 @@ RTX_PRO_6000 = Gpu(
     compute_capability="12.0",
 )
 
-# NVIDIA H200 (141 GB HBM3e): the GPU of ../shared/notes/h200-forward-times.md.
+# NVIDIA H200 (141 GB HBM3e): the GPU of docs/h200-forward-times.md.
 H200 = Gpu(
     name="NVIDIA H200",
-    total_mib=143_771,  # the figure ../shared/notes/sglang-0.5.23.md §2.1 uses
+    total_mib=143_771,  # the figure docs/sglang-0.5.23.md §2.1 uses
     context_mib=500,  # assumed
     compute_capability="9.0",
 )
@@ -101,7 +101,7 @@ QWEN35_122B = Profile(
 )
 
 # A dense 8B (Llama-3.1-8B-Instruct shape) with an EAGLE3 head on one H200.  Its target forward
-# *is* the measured table in ../shared/notes/h200-forward-times.md (stream 4.60 ms, knee 180),
+# *is* the measured table in docs/h200-forward-times.md (stream 4.60 ms, knee 180),
 # attention and draft steps come from the same note.
 LLAMA31_8B = Profile(
     key="llama-3.1-8b-instruct",

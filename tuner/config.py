@@ -19,7 +19,7 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tuner.errors import ConfigError
-from tuner.sglang_args import SEARCHABLE_ALGORITHMS, CommandLine
+from tuner.sglang_args import SEARCHABLE_ALGORITHMS, SEARCHED, CommandLine
 
 __all__ = [
     "Config",
@@ -35,15 +35,11 @@ __all__ = [
     "apply_overrides",
     "DEFAULT_CONFIG",
     "SEARCHED_FLAGS",
+    "sqlite_path",
 ]
 
 DEFAULT_CONFIG = "studies/demo.toml"
-SEARCHED_FLAGS = (
-    "speculative_num_steps",
-    "speculative_eagle_topk",
-    "speculative_num_draft_tokens",
-    "mem_fraction_static",
-)
+SEARCHED_FLAGS = SEARCHED  # the searched flags are named once, in tuner/sglang_args.py
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _UNIT_RE = re.compile(r"^[A-Za-z0-9:_.@-]{1,200}$")
 
@@ -325,8 +321,8 @@ class Config(_Section):
     def artifacts_dir(self) -> Path:
         if self.study.artifacts:
             return Path(os.path.expanduser(self.study.artifacts))
-        if self.storage_url.startswith("sqlite:///"):
-            db = Path(self.storage_url[len("sqlite:///"):])
+        db = sqlite_path(self.storage_url)
+        if db is not None:
             return db.with_name(db.stem + ".artifacts")
         return Path("studies") / f"{self.study.name}.artifacts"
 
@@ -334,6 +330,13 @@ class Config(_Section):
         """A path from the config, relative to the config's directory."""
         path = Path(os.path.expanduser(value))
         return path if path.is_absolute() else Path(self.base_dir) / path
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of a `sqlite:///path` URL (`~` expanded); None for another store or `:memory:`.
+    The one parser of sqlite URLs (the store, the report's folder, the artifacts, --dry-run)."""
+    path = url[len("sqlite:///"):] if url.startswith("sqlite:///") else ""
+    return Path(path).expanduser() if path and path != ":memory:" else None
 
 
 def _describe(error: dict[str, Any]) -> str:

@@ -14,11 +14,11 @@ from typing import Callable
 import optuna
 
 from tuner.config import Config
-from tuner.errors import ConfigError, HostError, LaunchError, MeasureError
+from tuner.errors import ConfigError, LaunchError, MeasureError
 from tuner.measure.objectives import Objective, load_objectives
 from tuner.measure.workload import load_workload
 from tuner.progress import Reporter, SilentReporter
-from tuner.results import artifacts, baselines, hypervolume, resilient
+from tuner.results import artifacts, baselines, hypervolume, record, resilient
 from tuner.results.optuna_private import storage_of
 from tuner.results.picks import pick
 from tuner.results.storage import open_storage
@@ -28,6 +28,7 @@ from tuner.search.samplers import make_sampler
 from tuner.search.space import check_compatible
 from tuner.search.warm_start import warm_start
 from tuner.sequence import connected
+from tuner.server.connection import refuse_if_answering
 from tuner.trial import TrialRunner
 
 __all__ = ["RunResult", "run_study", "open_study", "IGNORE_EOS_WARNING"]
@@ -105,7 +106,7 @@ def run_study(config: Config, *, trials: int, sampler_name: str | None = None, s
     check_compatible(config.space, study)
     resilient.watch(study, reporter.phase)  # "waiting for the study's database ..." while it is away
     resilient.settle(study, reporter.warning)  # what an earlier run kept through an outage, first
-    study.set_user_attr("sampler", sampler_name or config.study.sampler)
+    study.set_user_attr(record.SAMPLER, sampler_name or config.study.sampler)
     recover_stale_trials(study, reporter.warning)
     workload = load_workload(config.bench.prompts, seed=config.bench.seed, base_dir=config.base_dir)
     result = RunResult(study=study, objectives=objectives)
@@ -113,11 +114,7 @@ def run_study(config: Config, *, trials: int, sampler_name: str | None = None, s
         result.baselines = baselines.load(storage_of(study), study.study_name) if config.study.baselines else {}
         return result
     with connected(config) as target:
-        if config.target.manager == "process" and target.client.answers():
-            raise HostError(
-                f"something already answers at {config.target.url} that the tuner did not start; "
-                "stop it or point [target] url (and --port) elsewhere"
-            )
+        refuse_if_answering(target)
         runner = TrialRunner(config=config, target=target, workload=workload, objectives=objectives,
                              reporter=reporter, store=artifacts.open_store(config))
         reporter.run_started(study, config, trials)

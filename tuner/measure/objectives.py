@@ -6,9 +6,7 @@
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import pkgutil
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -39,15 +37,17 @@ class Objective:
 
 
 def available() -> list[str]:
-    import objectives
+    import objectives  # the registry (objectives/__init__.py): one module per objective
 
-    return sorted(info.name for info in pkgutil.iter_modules(objectives.__path__) if not info.name.startswith("_"))
+    return objectives.names()
 
 
 def _module(name: str) -> ModuleType:
+    import objectives
+
     if name not in available():
         raise ConfigError(f"[study] objectives: unknown objective {name!r}; available: {', '.join(available())}")
-    module = importlib.import_module(f"objectives.{name}")
+    module = objectives.module(name)
     if getattr(module, "direction", "maximize") != "maximize":
         raise ConfigError(f"objectives/{name}.py: every objective is maximised; return the negated value instead")
     return module

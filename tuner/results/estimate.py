@@ -74,7 +74,7 @@ def estimate(trials: list[FrozenTrial], *, n_trials: int, n_baselines: int, gpus
     sources.append(f"start-up {startup:.0f} s (median of {len(complete)} earlier launch(es))" if startup
                    else f"start-up {DEFAULT_STARTUP_S:.0f} s (default: no launch measured yet)")
     startup = startup or DEFAULT_STARTUP_S
-    measure = _median([t.user_attrs.get("measure_s") for t in complete])
+    measure = _median([t.user_attrs.get(record.MEASURE_S) for t in complete])
     sources.append(f"measurement {measure:.0f} s (median)" if measure else f"measurement {DEFAULT_MEASURE_S:.0f} s (default)")
     measure = measure or DEFAULT_MEASURE_S
     pruned = _median([duration(t) for t in launched_pruned])

@@ -23,6 +23,8 @@ __all__ = [
     "ATTENTION_BACKEND", "PAGE_SIZE", "SPECULATIVE_ADAPTIVE", "ARCHITECTURE", "DP_RANKS", "ACCEPT_LENGTH_SOURCE",
     "SERVER_ACCEPT_LENGTH", "DECLARED_MAX_RUNNING", "ACCEPT_HISTOGRAM", "REQUEST_TOKENS", "MEMORY_USAGE", "CAPTURE_MEMORY", "MODEL_PREDICTION", "MODEL_NOTE", "THINKING_TOKENS", "DUPLICATE_OF", "RULED_OUT_BY", "RETRY_OF", "WARM_START", "BASELINE", "CONSTRAINTS",
     "SERVER_LOG_ARTIFACT", "SINGLE_TPS_SPREAD", "SINGLE_TPS_CI95", "INTERRUPTED", "SCHEDULE",
+    "SINGLE_TPS_RUNS", "CONCURRENT_TPS_BY_LEVEL", "CONCURRENT_WINDOW_S", "CONCURRENT_P99_ITL_MS", "CONCURRENT_P99_TTFT_MS",
+    "COMPLETION_TOKENS", "MEASURE_S", "HARDWARE", "SAMPLER", "record_log_artifact",
     "params_of", "record_launch", "record_server", "record_measurement", "record_failure", "record_capture_memory",
     "SETTLED_COPY_SKIPS",
 ]
@@ -66,6 +68,13 @@ SERVER_ACCEPT_LENGTH = "server_accept_length"  # avg_spec_accept_length: a cross
 THINKING_TOKENS = "thinking_tokens"  # completion tokens that were thinking
 SINGLE_TPS_SPREAD = "single_tps_spread"
 SINGLE_TPS_CI95 = "single_tps_ci95"
+SINGLE_TPS_RUNS = "single_tps_runs"  # tok/s of each single-stream pass
+CONCURRENT_TPS_BY_LEVEL = "concurrent_tps_by_level"  # {"<level>": tok/s}
+CONCURRENT_WINDOW_S = "concurrent_window_s"  # {"<level>": seconds of steady state}
+CONCURRENT_P99_ITL_MS = "concurrent_p99_itl_ms"  # {"<level>": ms}
+CONCURRENT_P99_TTFT_MS = "concurrent_p99_ttft_ms"  # {"<level>": ms}
+COMPLETION_TOKENS = "completion_tokens"
+MEASURE_S = "measure_s"  # the measurement's wall time
 CONSTRAINTS = "constraints"
 HYPERVOLUME = "hypervolume"  # the front's normalised hypervolume with this trial in it
 # What the model sampler (tuner/search/model.py) fits on:
@@ -91,6 +100,10 @@ SERVER_LOG_ARTIFACT = "server_log_artifact"
 DUPLICATE_OF = "duplicate_of"
 RULED_OUT_BY = "ruled_out_by"
 INTERRUPTED = "interrupted"
+
+# -- the study's own attrs (study.user_attrs, not a trial's) ----------------------------------
+HARDWARE = "hardware"  # {"accelerator": ..., "gpu_count": ..., "first_target": ...}: what the study measured on
+SAMPLER = "sampler"  # the sampler name of the latest run
 
 # A settled duplicate copies its twin's figures, not the twin's launch identity.
 SETTLED_COPY_SKIPS = (FLAGS, LAUNCH_COMMAND, TARGET, SERVER_LOG_ARTIFACT, WORKER)
@@ -171,17 +184,17 @@ def record_measurement(trial, m: Measurement) -> None:
         "e2e_ms": round(m.e2e_ms, 1),
         "e2e_p90_ms": round(m.e2e_p90_ms, 1),
         "e2e_p99_ms": round(m.e2e_p99_ms, 1),
-        "single_tps_runs": [round(x, 2) for x in m.single_runs],
+        SINGLE_TPS_RUNS: [round(x, 2) for x in m.single_runs],
         SINGLE_TPS_CI95: [round(x, 2) for x in m.single_ci95],
         SINGLE_TPS_SPREAD: round(m.single_spread, 4),
-        "concurrent_tps_by_level": {str(k): round(v, 2) for k, v in m.concurrent_tps_by_level.items()},
-        "concurrent_window_s": {str(k): round(v, 2) for k, v in m.concurrent_window_s.items()},
-        "concurrent_p99_itl_ms": {str(k): round(v, 3) for k, v in m.concurrent_p99_itl_ms.items()},
-        "concurrent_p99_ttft_ms": {str(k): round(v, 1) for k, v in m.concurrent_p99_ttft_ms.items()},
-        "measure_s": round(m.duration_s, 1),
+        CONCURRENT_TPS_BY_LEVEL: {str(k): round(v, 2) for k, v in m.concurrent_tps_by_level.items()},
+        CONCURRENT_WINDOW_S: {str(k): round(v, 2) for k, v in m.concurrent_window_s.items()},
+        CONCURRENT_P99_ITL_MS: {str(k): round(v, 3) for k, v in m.concurrent_p99_itl_ms.items()},
+        CONCURRENT_P99_TTFT_MS: {str(k): round(v, 1) for k, v in m.concurrent_p99_ttft_ms.items()},
+        MEASURE_S: round(m.duration_s, 1),
         "greedy_inflation": round(m.greedy_inflation, 3) if m.greedy_inflation else None,
         "concurrent_ttft_p99_ms": round(m.concurrent_ttft_p99_ms, 1),
-        "completion_tokens": m.completion_tokens,
+        COMPLETION_TOKENS: m.completion_tokens,
         "ignore_eos": m.ignore_eos,
         REQUEST_TOKENS: m.request_tokens,
     }
@@ -189,6 +202,11 @@ def record_measurement(trial, m: Measurement) -> None:
         attrs[ACCEPT_HISTOGRAM] = list(m.accept_histogram)
     for key, value in attrs.items():
         trial.set_user_attr(key, value)
+
+
+def record_log_artifact(trial, artifact_id: str) -> None:
+    """The Optuna artifact holding the launch's server log (tuner/results/artifacts.py)."""
+    trial.set_user_attr(SERVER_LOG_ARTIFACT, artifact_id)
 
 
 def record_failure(trial, reason: str, *, kind: str | None = None, log_tail: str | None = None) -> None:

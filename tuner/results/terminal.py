@@ -10,6 +10,8 @@ from optuna.trial import FrozenTrial, TrialState
 from rich.markup import escape
 from rich.table import Table
 
+from tuner.results import record
+
 __all__ = ["trial_line", "pareto_table", "baselines_table", "counts_line", "fmt", "PARAM_COLUMNS"]
 
 PARAM_COLUMNS = (
@@ -33,7 +35,7 @@ def fmt(value: Any, digits: int = 1) -> str:
 
 
 def _flags(trial: FrozenTrial) -> dict[str, Any]:
-    return trial.user_attrs.get("flags") or trial.params
+    return trial.user_attrs.get(record.FLAGS) or trial.params
 
 
 def _params_text(trial: FrozenTrial) -> str:
@@ -47,18 +49,18 @@ def _params_text(trial: FrozenTrial) -> str:
 
 
 def trial_line(trial: FrozenTrial, metric_names: list[str]) -> str:
-    if trial.user_attrs.get("baseline"):
-        head = f"baseline  {trial.user_attrs['baseline'].replace('_', ' '):<38}"
+    if trial.user_attrs.get(record.BASELINE):
+        head = f"baseline  {trial.user_attrs[record.BASELINE].replace('_', ' '):<38}"
     else:
         head = f"trial {trial.number:>3} {_params_text(trial):<38}"
     if trial.state == TrialState.COMPLETE:
         values = "  ".join(f"{n}={fmt(v)}" for n, v in zip(metric_names, trial.values))
-        spread = trial.user_attrs.get("single_tps_spread")
+        spread = trial.user_attrs.get(record.SINGLE_TPS_SPREAD)
         extra = f"  (±{spread * 100:.1f}%)" if isinstance(spread, float) else ""
-        accept = trial.user_attrs.get("accept_length")
+        accept = trial.user_attrs.get(record.ACCEPT_LENGTH)
         acc = f"  accept={accept:.2f}" if isinstance(accept, float) else ""
         return f"{head} [green]COMPLETE[/green] {values}{extra}{acc}"
-    reason = escape(trial.user_attrs.get("fail_reason", ""))
+    reason = escape(trial.user_attrs.get(record.FAIL_REASON, ""))
     color = "yellow" if trial.state == TrialState.PRUNED else "red"
     return f"{head} [{color}]{trial.state.name}[/{color}] {reason}"
 
@@ -90,9 +92,9 @@ def pareto_table(study: optuna.Study, metric_names: list[str]) -> Table:
             row.append(f"{value:g}" if isinstance(value, float) else fmt(value))
         row += [fmt(v) for v in t.values]
         row += [
-            fmt(t.user_attrs.get("accept_length"), 2),
-            fmt(t.user_attrs.get("max_running_requests")),
-            fmt(t.user_attrs.get("max_total_num_tokens")),
+            fmt(t.user_attrs.get(record.ACCEPT_LENGTH), 2),
+            fmt(t.user_attrs.get(record.MAX_RUNNING_REQUESTS)),
+            fmt(t.user_attrs.get(record.MAX_TOTAL_NUM_TOKENS)),
         ]
         table.add_row(*row)
     return table
@@ -110,8 +112,8 @@ def baselines_table(baselines: dict[str, FrozenTrial], metric_names: list[str]) 
     for kind, t in baselines.items():
         label = kind.replace("_", " ")
         if t.state != TrialState.COMPLETE:
-            table.add_row(label, *[escape(t.user_attrs.get("fail_reason", t.state.name))[:60]] + [""] * (len(metric_names) + 2))
+            table.add_row(label, *[escape(t.user_attrs.get(record.FAIL_REASON, t.state.name))[:60]] + [""] * (len(metric_names) + 2))
             continue
-        table.add_row(label, *[fmt(v) for v in t.values], fmt(t.user_attrs.get("accept_length"), 2),
-                      fmt(t.user_attrs.get("max_running_requests")), fmt(t.user_attrs.get("max_total_num_tokens")))
+        table.add_row(label, *[fmt(v) for v in t.values], fmt(t.user_attrs.get(record.ACCEPT_LENGTH), 2),
+                      fmt(t.user_attrs.get(record.MAX_RUNNING_REQUESTS)), fmt(t.user_attrs.get(record.MAX_TOTAL_NUM_TOKENS)))
     return table

@@ -818,7 +818,7 @@ class Model:
 
 
 def _level_of(x: Launch) -> int | None:
-    levels = x.attrs.get("concurrent_tps_by_level") or {}
+    levels = x.attrs.get(record.CONCURRENT_TPS_BY_LEVEL) or {}
     return int(next(iter(levels))) if levels else None
 
 

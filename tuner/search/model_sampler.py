@@ -37,6 +37,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.search import model as M
 from tuner.search.space import DEFAULT_STEPS, grid
+from tuner.results import record
 
 __all__ = ["ModelSampler", "Decision", "expected_hv_gain", "PREDICTED"]
 
@@ -320,7 +321,7 @@ def _pad3(a: np.ndarray) -> np.ndarray:
 
 
 def _config(t: FrozenTrial) -> tuple | None:
-    flags = t.user_attrs.get("flags") or t.params
+    flags = t.user_attrs.get(record.FLAGS) or t.params
     shape = M._shape_of(flags)
     if shape is None or flags.get("mem_fraction_static") is None:
         return None
@@ -342,9 +343,9 @@ def _excluded(cand: np.ndarray, trials: list[FrozenTrial]) -> np.ndarray:
     done = {c for t in trials if t.state == TrialState.COMPLETE and (c := _config(t)) is not None}
     out |= np.array([k in done for k in keys], dtype=bool)
     for t in trials:
-        kind = t.user_attrs.get("failure_kind")
+        kind = t.user_attrs.get(record.FAILURE_KIND)
         c = _config(t)
-        if t.state == TrialState.COMPLETE or c is None or t.user_attrs.get("ruled_out_by") is not None:
+        if t.state == TrialState.COMPLETE or c is None or t.user_attrs.get(record.RULED_OUT_BY) is not None:
             continue
         if kind in ("memory_graph", "memory_runtime"):
             out |= np.all(cand >= np.array(c, dtype=float) - 1e-9, axis=1)

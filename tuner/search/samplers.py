@@ -29,10 +29,17 @@ from optuna.trial import TrialState
 
 from tuner.config import ConstraintsConfig
 from tuner.errors import ConfigError
+from tuner.results import record
 
-__all__ = ["make_sampler", "SAMPLERS", "constraints_func", "MemoryEdgeSampler"]
+__all__ = ["make_sampler", "SAMPLERS", "constraints_func", "MemoryEdgeSampler", "searches_memory_edge"]
 
 SAMPLERS = ("auto", "model", "edge", "tpe", "nsga2", "random")
+
+
+def searches_memory_edge(name: str | None) -> bool:
+    """Whether the sampler named `name` walks mem_fraction_static down from the top (through
+    `MemoryEdgeSampler`), spending a few failed launches before the first measurement."""
+    return (name or "auto").lower() in ("auto", "model", "edge")
 
 
 def constraints_func(constraints: ConstraintsConfig):
@@ -44,7 +51,7 @@ def constraints_func(constraints: ConstraintsConfig):
 
     def values(trial: optuna.trial.FrozenTrial) -> Sequence[float]:
         # A trial that measured nothing (pruned, failed) counts as violating every SLO.
-        return trial.user_attrs.get("constraints") or [1e9] * count
+        return trial.user_attrs.get(record.CONSTRAINTS) or [1e9] * count
 
     return values
 
@@ -195,8 +202,8 @@ class MemoryEdgeSampler(optuna.samplers.BaseSampler):
                 continue
             if t.state == TrialState.COMPLETE:
                 started = max(started, index(m))
-            elif t.user_attrs.get("failure_kind") in ("memory_graph", "memory_runtime"):
-                if t.user_attrs.get("ruled_out_by") is None:  # a launch that failed, not an inference
+            elif t.user_attrs.get(record.FAILURE_KIND) in ("memory_graph", "memory_runtime"):
+                if t.user_attrs.get(record.RULED_OUT_BY) is None:  # a launch that failed, not an inference
                     failures += 1
                 smaller = all(
                     mine is None or theirs is None or theirs <= mine

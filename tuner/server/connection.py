@@ -10,13 +10,14 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from tuner.config import Config
+from tuner.errors import HostError
 from tuner.sglang_args import CommandLine, Params
 from tuner.server.client import ServerClient
 from tuner.server.control import ServiceControl, control_for
 from tuner.server.host import Shell, connect
 from tuner.server.launch import LaunchSpec, command_spec, launch_spec
 
-__all__ = ["Target", "connected", "resolved_command"]
+__all__ = ["Target", "connected", "resolved_command", "refuse_if_answering"]
 
 
 @dataclass
@@ -73,3 +74,11 @@ def resolved_command(config: Config, shell: Shell) -> CommandLine:
         return result.stdout
 
     return command.with_config_file(read) if command.has("config") else command
+
+
+def refuse_if_answering(target: Target) -> None:
+    """A process target must find its port free before the tuner launches anything: a server
+    that answers there now was not started by this control, and every figure would be its."""
+    if target.config.target.manager == "process" and target.client.answers():
+        raise HostError(f"something already answers at {target.config.target.url} that the tuner did not start; "
+                        "stop it or point [target] url (and --port) elsewhere")

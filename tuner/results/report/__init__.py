@@ -11,7 +11,7 @@ from optuna.trial import TrialState
 
 from tuner.results.picks import measured_front
 from tuner.results.report.render import write_html, write_markdown
-from tuner.results.report.contents import Report, Table, baselines_for, choices_for, failures_table, metric_names_of, notes_for, pareto_for, summary_rows
+from tuner.results.report.contents import Choice, Plot, Report, Table, baselines_for, choices_for, failures_table, metric_names_of, notes_for, pareto_for, summary_rows
 from tuner.results.report.adaptive_section import schedule_for
 from tuner.results.report.plots import acceptance_plot, capacity_plot, failure_plot, front_plot, hypervolume_plot
 
