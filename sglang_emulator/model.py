@@ -35,6 +35,11 @@ __all__ = [
     "size_memory",
     "forward_ms",
     "draft_step_ms",
+    "attention_ms",
+    "draft_attention_ms",
+    "context_shift",
+    "prompt_category",
+    "category_shift",
     "step_ms",
     "prefill_ms",
     "depth_acceptance",
@@ -140,6 +145,10 @@ class Timing:
     iteration_overhead_ms: float = 0.35  # sampling, verify bookkeeping, scheduler
     tree_overhead_ms: float = 0.15  # tree mask + candidate selection when topk > 1
     flashinfer_penalty: float = 1.0  # attention slowdown when topk > 1 moves Hopper off FA3
+    # The KV read of a multi-token query (verify over draft tokens) over the one-token decode
+    # path's: 1.0 when the kernel reads the KV once for all query tokens, more when its
+    # multi-query path is slower (docs/h200-forward-times.md, "Attention over the KV cache").
+    verify_attn_factor: float = 1.0
     prefill_fixed_ms: float = 5.0
     prefill_ms_per_token: float = 0.027
 
@@ -167,6 +176,13 @@ class Acceptance:
     degenerate: float  # top-1 acceptance on the repetitive text that follows a natural EOS
     temperature_slope: float  # q(T) = q(0) ** (1 + slope * T_eff)
     prompt_spread: float  # std-dev of the per-prompt shift in logit(q)
+    # Acceptance falls as the context grows: logit(q) drops by `context_decay` per doubling of
+    # the request's context past `context_ref_tokens` (`context_shift`).
+    context_decay: float = 0.0
+    context_ref_tokens: int = 1024
+    # Shifts of logit(q) by the kind of text asked for (`prompt_category` reads it off the
+    # prompt, as a draft model "sees" it): ((category, shift), ...); a category not listed: 0.
+    category_shifts: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -578,10 +594,21 @@ def forward_ms(profile: Profile, *, batch: int, tokens_per_request: int, tp: int
     return t.fixed_ms + stream * shape
 
 
-def attention_ms(profile: Profile, *, batch: int, context_tokens: int, tree: bool) -> float:
+def attention_ms(profile: Profile, *, batch: int, context_tokens: int, tree: bool, query_tokens: int = 1) -> float:
+    """Target attention over the KV the batch holds (`context_tokens` in all): the KV read at
+    the one-token path's cost, times `verify_attn_factor` for a multi-token (verify) query."""
     t = profile.timing
-    ms = t.attn_fixed_ms + t.attn_ms_per_ktoken * context_tokens / 1024 + t.attn_ms_per_request * batch
+    kv_read = t.attn_ms_per_ktoken * context_tokens / 1024 * (t.verify_attn_factor if query_tokens > 1 else 1.0)
+    ms = t.attn_fixed_ms + kv_read + t.attn_ms_per_request * batch
     return ms * (t.flashinfer_penalty if tree else 1.0)
+
+
+def draft_attention_ms(profile: Profile, *, context_tokens: int, topk: int) -> float:
+    """One draft step's attention over the draft layers' own KV: the target's KV read scaled by
+    the draft's share of layers (`draft_kv_fraction`), once per branch (each of the topk
+    frontier nodes queries the whole prefix)."""
+    t, mem = profile.timing, profile.memory
+    return t.attn_ms_per_ktoken * mem.draft_kv_fraction * context_tokens / 1024 * max(topk, 1)
 
 
 def draft_step_ms(profile: Profile, *, batch: int, topk: int) -> float:
@@ -610,11 +637,13 @@ def step_ms(
     tree = spec.enabled and spec.topk > 1
     ms = forward_ms(profile, batch=batch, tokens_per_request=spec.tokens_per_request, tp=tp)
     ms += attention_ms(
-        profile, batch=batch, context_tokens=context_tokens, tree=tree and not attention_backend_forced
+        profile, batch=batch, context_tokens=context_tokens, tree=tree and not attention_backend_forced,
+        query_tokens=spec.tokens_per_request,
     )
     ms += t.iteration_overhead_ms
     if spec.enabled and spec.algorithm != "NGRAM":
-        ms += spec.steps * draft_step_ms(profile, batch=batch, topk=spec.topk)
+        draft_attn = draft_attention_ms(profile, context_tokens=context_tokens, topk=spec.topk)
+        ms += spec.steps * (draft_step_ms(profile, batch=batch, topk=spec.topk) + draft_attn)
         ms += draft_step_ms(profile, batch=batch, topk=min(spec.draft_tokens, 8))  # draft extend
     if tree:
         ms += t.tree_overhead_ms
@@ -637,6 +666,39 @@ def _logit(p: float) -> float:
 
 def _sigmoid(x: float) -> float:
     return 1 / (1 + math.exp(-x))
+
+
+def context_shift(acc: Acceptance, context_tokens: int) -> float:
+    """The drop of logit(q) at this context length: `context_decay` per doubling past
+    `context_ref_tokens` (profiles.py says where each profile's figure comes from)."""
+    if acc.context_decay <= 0 or context_tokens <= acc.context_ref_tokens:
+        return 0.0
+    return -acc.context_decay * math.log2(context_tokens / acc.context_ref_tokens)
+
+
+# Checked in this order: a question about a document (even one quoting code or logs) is
+# summarisation, not code.
+_CATEGORY_MARKS = (
+    ("summarisation", ("summar", "tl;dr", "extract", "according to the", "based on this", "using only",
+                       "the log above", "below is", "the text above", "the passage")),
+    ("code", ("```", "def ", "function", "select ", "class ", "#include", "=>", "import ", "python", "sql",
+              "script", "typescript", "javascript", "regular expression", "git ", "bash")),
+    ("maths", ("solve", "calculate", "how many", "equation", "probability", "integral", "prove", "compute")),
+    ("creative", ("story", "poem", "imagine", "creative", "haiku")),
+)
+
+
+def prompt_category(prompt: str) -> str:
+    """The kind of text a prompt asks for, read off its words (a server never sees a label)."""
+    lowered = prompt.lower()
+    for category, marks in _CATEGORY_MARKS:
+        if any(mark in lowered for mark in marks):
+            return category
+    return "chat"
+
+
+def category_shift(acc: Acceptance, category: str) -> float:
+    return dict(acc.category_shifts).get(category, 0.0)
 
 
 def depth_acceptance(

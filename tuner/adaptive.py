@@ -30,7 +30,7 @@ from optuna_dashboard import save_note
 from tuner.config import Config, IntRange
 from tuner.errors import ConfigError, HostError, LaunchError, MeasureError, TunerError
 from tuner.measure.objectives import load_objectives
-from tuner.measure.workload import load_workload
+from tuner.measure.workload import bench_workload
 from tuner.progress import LineReporter
 from tuner.results import artifacts, baselines, record
 from tuner.results import adaptive_table as sch
@@ -106,7 +106,7 @@ def plan_for(config: Config, study: optuna.Study, levels: list[int] | None) -> P
     steps = sch.steps_range(values, config.server.command_line.params().speculative_num_steps)
     b = config.bench
     workload = {"temperature": b.temperature, "top_p": b.top_p, "max_tokens": b.max_tokens, "ignore_eos": b.ignore_eos,
-                "prompts": b.prompts, "seed": b.seed}
+                "prompts": b.prompts_json, "seed": b.seed, **({"mix": b.mix} if b.mix else {})}
     sched = config.model_copy(update={"bench": _schedule_bench(config, levels)})
     return Plan(sched, study, levels, steps, workload)
 
@@ -149,9 +149,9 @@ class Session:
 
 
 def open_session(plan: Plan, target: Target, reporter) -> Session:
-    refuse_if_answering(target)
+    refuse_if_answering(target.client, plan.config.target)
     objectives = load_objectives(plan.config.study.objectives, _study_levels(plan))
-    workload = load_workload(plan.config.bench.prompts, seed=plan.config.bench.seed, base_dir=plan.config.base_dir)
+    workload = bench_workload(plan.config.bench, plan.config.base_dir)
     runner = TrialRunner(config=plan.config, target=target, workload=workload, objectives=objectives,
                          reporter=reporter, store=artifacts.open_store(plan.config))
     sibling = baselines.open_sibling(storage_of(plan.study), plan.study.study_name, [o.name for o in objectives])

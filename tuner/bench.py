@@ -19,9 +19,9 @@ from tuner import output
 from tuner.cli import consoles, guarded, in_config, parser
 from tuner.config import DEFAULT_CONFIG, load_config
 from tuner.errors import ConfigError, LaunchError, TunerError
-from tuner.measure.objectives import load_objectives
+from tuner.measure.objectives import check_classes, load_objectives
 from tuner.measure.runner import Measurement
-from tuner.measure.workload import load_workload
+from tuner.measure.workload import bench_workload
 from tuner.sequence import connected, launch_and_measure, measure_running
 
 __all__ = ["main", "warnings_for", "build_parser", "blame_flags"]
@@ -35,9 +35,9 @@ def warnings_for(m: Measurement, bench) -> list[str]:
             f"single_target_ci ({bench.single_target_ci * 100:.0f}%): raise [bench] single_max_passes, or measure on a quieter machine"
         )
     for level in bench.concurrency_levels:
-        if bench.concurrent_requests < 3 * level:
+        if bench.level_requests(level) < 3 * level:
             out.append(
-                f"concurrency {level} with {bench.concurrent_requests} requests barely reaches a steady state: "
+                f"concurrency {level} with {bench.level_requests(level)} requests barely reaches a steady state: "
                 f"raise [bench] concurrent_requests to at least {3 * level}"
             )
     if m.ignore_eos:
@@ -48,7 +48,8 @@ def warnings_for(m: Measurement, bench) -> list[str]:
 def _measure(args, err) -> tuple:
     config = load_config(args.config)
     objectives = load_objectives(config.study.objectives, config.bench.concurrency_levels)
-    workload = load_workload(config.bench.prompts, seed=config.bench.seed, base_dir=config.base_dir)
+    workload = bench_workload(config.bench, config.base_dir)
+    check_classes(objectives, workload.classes)
     def phase(text: str) -> None:  # one line per finished benchmark phase ("single 4/4")
         done, _, total = text.rpartition(" ")[2].partition("/")
         if done and done == total:

@@ -22,6 +22,7 @@ from tuner import output
 from tuner.cli import consoles, guarded, parser
 from tuner.config import DEFAULT_CONFIG, apply_overrides, load_config
 from tuner.errors import TunerError
+from tuner.results import classes
 from tuner.results.picks import PICKS, pick
 from tuner.results.record import params_of
 from tuner.results.storage import existing_storage, load_existing_study, study_summaries
@@ -37,8 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default=DEFAULT_CONFIG, help="study config naming the study, its store and the target")
     p.add_argument("--study-name", help="overrides [study] name (default: the config's)")
     p.add_argument("--storage", help="overrides [study] storage (default: the config's)")
-    p.add_argument("--pick", choices=PICKS, default="balanced",
-                   help="which trial of the Pareto front: the best of one objective, or balanced (its weakest objective highest)")
+    p.add_argument("--pick", default="balanced", metavar="|".join(PICKS),
+                   help="which trial of the Pareto front: the best of one objective (any of the study's, e.g. single_tps:long_context), "
+                        "or balanced (its weakest objective highest)")
     p.add_argument("--format", choices=("flags", "command", "systemd"), default="flags",
                    help="the searched flags, the whole launch command, or a systemd drop-in")
     output.add_format_flags(p, "the pick (or --list)")
@@ -73,6 +75,7 @@ def _run(args, out) -> int:
         raise TunerError(str(exc)) from None
     params = params_of(choice.trial)
     print(f"# trial {choice.trial.number} ({args.pick}): {choice.reason}", file=sys.stderr)
+    print(*classes.pick_lines(study, choice.trial), sep="\n", file=sys.stderr)  # per request class, and where it loses
     output.show(output.pick_view(config, study, choice, args.pick, _text(config, params, args.format)), output.format_of(args), out)
     _print_predicted(study, config)
     if args.apply:

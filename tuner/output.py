@@ -9,7 +9,9 @@ best and schedule are built here, and nowhere else.
 
 from __future__ import annotations
 
+
 import argparse
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +24,7 @@ from rich.text import Text
 from tuner.config import Config
 from tuner.measure.objectives import score
 from tuner.measure.result import Measurement
-from tuner.results import baselines, record
+from tuner.results import baselines, classes, record
 from tuner.results.baselines import compare
 from tuner.results.picks import Pick, measured_front
 from tuner.results.record import params_of
@@ -156,7 +158,8 @@ def measurement_view(m: Measurement, objectives) -> View:
             "accept_histogram": list(m.accept_histogram) if m.accept_histogram else None,
             "thinking_tokens": m.thinking_tokens, "max_total_num_tokens": m.max_total_num_tokens,
             "max_running_requests": m.max_running_requests, "ttft_ms": m.ttft_ms, "itl_p99_ms": m.itl_p99_ms,
-            "greedy_inflation": m.greedy_inflation, "objectives": values}
+            "greedy_inflation": m.greedy_inflation, "request_tokens": m.request_tokens,
+            "by_class": {c: dataclasses.asdict(f) for c, f in m.by_class.items()}, "objectives": values}
     return View(data, [measurement_table(m, objectives, values)])
 
 
@@ -174,6 +177,11 @@ def measurement_table(m: Measurement, objectives, values: dict[str, float]) -> T
         table.add_row("thinking_tokens", fmt(m.thinking_tokens), "of the completion tokens, thinking (timed like the answer)")
     table.add_row("max_total_num_tokens", fmt(m.max_total_num_tokens), "")
     table.add_row("max_running_requests", fmt(m.max_running_requests), "")
+    table.add_row("request_tokens", fmt(m.request_tokens), "measured: mean prompt + max_tokens (auto)" if m.request_tokens_auto else "[bench] request_tokens")
+    for name, f in m.by_class.items():
+        table.add_row(f"class {name}", f"{f.single_tps:.1f} tok/s",
+                      f"share {f.share:.2f}, {f.requests} requests, accept {fmt(f.accept_length, 2)}, prompt tokens {f.prompt_tokens_median:,.0f} (median), "
+                      f"concurrent {fmt(f.concurrent_tps)} tok/s, single stream {f.single_s:.1f} s")
     table.add_row("TTFT", f"{m.ttft_ms:.1f} ms", f"p90 {m.ttft_p90_ms:.1f}, p99 {m.ttft_p99_ms:.1f} (single stream)")
     table.add_row("ITL", f"{m.itl_ms:.2f} ms", f"p90 {m.itl_p90_ms:.2f}, p99 {m.itl_p99_ms:.2f} (single stream)")
     table.add_row("end-to-end", f"{m.e2e_ms:.0f} ms", f"p90 {m.e2e_p90_ms:.0f}, p99 {m.e2e_p99_ms:.0f}")
@@ -205,7 +213,8 @@ def pick_view(config: Config, study: optuna.Study, choice: Pick, how: str, text:
     data = {"study": study.study_name, "pick": how, "trial": choice.trial.number, "reason": choice.reason,
             "tied_with": list(choice.tied_with), "values": dict(zip(names, choice.trial.values)),
             "flags": params.as_dict() if params else {}, "flags_text": " ".join(params.flags()) if params else "",
-            "launch_command": launch_spec(config.server, params).launch_command if params else None}
+            "launch_command": launch_spec(config.server, params).launch_command if params else None,
+            "by_class": record.by_class_of(choice.trial), "losses": classes.pick_summary(study, choice.trial)[1]}
     table = Table(title=f"trial {data['trial']} ({how}): {choice.reason}", title_justify="left")
     for column in ("flags", *names):
         table.add_column(column, justify="left" if column == "flags" else "right")

@@ -15,8 +15,8 @@ import optuna
 
 from tuner.config import Config
 from tuner.errors import ConfigError, LaunchError, MeasureError
-from tuner.measure.objectives import Objective, load_objectives
-from tuner.measure.workload import load_workload
+from tuner.measure.objectives import Objective, check_classes, load_objectives
+from tuner.measure.workload import bench_workload
 from tuner.progress import Reporter, SilentReporter
 from tuner.results import artifacts, baselines, hypervolume, record, resilient
 from tuner.results.optuna_private import storage_of
@@ -108,13 +108,14 @@ def run_study(config: Config, *, trials: int, sampler_name: str | None = None, s
     resilient.settle(study, reporter.warning)  # what an earlier run kept through an outage, first
     study.set_user_attr(record.SAMPLER, sampler_name or config.study.sampler)
     recover_stale_trials(study, reporter.warning)
-    workload = load_workload(config.bench.prompts, seed=config.bench.seed, base_dir=config.base_dir)
+    workload = bench_workload(config.bench, config.base_dir)
+    check_classes(objectives, workload.classes)
     result = RunResult(study=study, objectives=objectives)
     if trials == 0:  # shows the study: nothing is launched, not even a baseline
         result.baselines = baselines.load(storage_of(study), study.study_name) if config.study.baselines else {}
         return result
     with connected(config) as target:
-        refuse_if_answering(target)
+        refuse_if_answering(target.client, config.target)
         runner = TrialRunner(config=config, target=target, workload=workload, objectives=objectives,
                              reporter=reporter, store=artifacts.open_store(config))
         reporter.run_started(study, config, trials)

@@ -64,9 +64,22 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def _per_class_text(complete: list[FrozenTrial]) -> str:
+    """"; single stream per class: chat 0.5 s, long_context 1.2 s" (medians), what each class of
+    the mix adds to a measurement."""
+    seconds: dict[str, list[float]] = {}
+    for t in complete:
+        for name, figures in record.by_class_of(t).items():
+            seconds.setdefault(name, []).append(figures.get("single_s"))
+    medians = {name: _median(values) for name, values in seconds.items()}
+    parts = [f"{name} {value:.1f} s" for name, value in medians.items() if value]
+    return f"; single stream per class: {', '.join(parts)}" if parts else ""
+
+
 def estimate(trials: list[FrozenTrial], *, n_trials: int, n_baselines: int, gpus: int | None,
-             memory_edge_searched: bool = True) -> Estimate:
-    """The run's duration from `trials` (the study's and its baselines', finished)."""
+             memory_edge_searched: bool = True, concurrent_cap_s: float | None = None) -> Estimate:
+    """The run's duration from `trials` (the study's and its baselines', finished);
+    `concurrent_cap_s`: what `[bench] level_seconds` caps the concurrent levels at, shown beside."""
     complete = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get(record.DUPLICATE_OF) is None]
     launched_pruned = [t for t in trials if t.state == TrialState.PRUNED and t.user_attrs.get(record.RULED_OUT_BY) is None]
     sources = []
@@ -75,7 +88,9 @@ def estimate(trials: list[FrozenTrial], *, n_trials: int, n_baselines: int, gpus
                    else f"start-up {DEFAULT_STARTUP_S:.0f} s (default: no launch measured yet)")
     startup = startup or DEFAULT_STARTUP_S
     measure = _median([t.user_attrs.get(record.MEASURE_S) for t in complete])
-    sources.append(f"measurement {measure:.0f} s (median)" if measure else f"measurement {DEFAULT_MEASURE_S:.0f} s (default)")
+    cap = f", concurrent levels capped at {concurrent_cap_s:.0f} s by [bench] level_seconds" if concurrent_cap_s else ""
+    sources.append(f"measurement {measure:.0f} s per trial (median{cap}{_per_class_text(complete)})" if measure
+                   else f"measurement {DEFAULT_MEASURE_S:.0f} s per trial (default{cap})")
     measure = measure or DEFAULT_MEASURE_S
     pruned = _median([duration(t) for t in launched_pruned])
     sources.append(f"failed launch {pruned:.0f} s (median of {len(launched_pruned)})" if pruned else f"failed launch ~ start-up ({startup:.0f} s)")

@@ -46,6 +46,10 @@ def trial_note(*, state: str, attrs: dict[str, Any], metric_names: list[str] | N
                        ("startup_s", "start-up s"), ("sglang_version", "SGLang version")):
         if attrs.get(key) is not None:
             lines.append(f"- {label}: {_f(attrs[key], 2 if key in ('accept_length', 'greedy_inflation') else 1)}")
+    if attrs.get(record.REQUEST_TOKENS) is not None:
+        how = "measured: the workload's mean prompt + max_tokens" if attrs.get(record.REQUEST_TOKENS_AUTO) else "[bench] request_tokens"
+        lines.append(f"- request_tokens (capacity's unit): {_f(attrs[record.REQUEST_TOKENS])} ({how})")
+    lines += _class_lines(attrs)
     if attrs.get(record.ACCEPT_LENGTH_SOURCE):
         lines.append(f"- accept length from: {attrs[record.ACCEPT_LENGTH_SOURCE]} (server's folded figure {_f(attrs.get(record.SERVER_ACCEPT_LENGTH), 2)})")
     if attrs.get(record.THINKING_TOKENS) is not None:
@@ -65,6 +69,19 @@ def trial_note(*, state: str, attrs: dict[str, Any], metric_names: list[str] | N
     if attrs.get(record.SERVER_LOG_ARTIFACT):
         lines += ["", "The whole server log is this trial's artifact."]
     return "\n".join(lines) + "\n"
+
+
+def _class_lines(attrs: dict[str, Any]) -> list[str]:
+    """The figures per request class, as a table."""
+    classes = attrs.get(record.BY_CLASS) or {}
+    if not classes:
+        return []
+    lines = ["", "| class | share | requests | single_tps (95% CI) | accept | prompt tokens (median) | concurrent_tps |", "|---|---|---|---|---|---|---|"]
+    for name, f in classes.items():
+        lo, hi = (f.get("single_tps_ci95") or [None, None])[:2]
+        lines.append(f"| {name} | {_f(f.get('share'), 2)} | {_f(f.get('requests'))} | {_f(f.get('single_tps'))} ({_f(lo)} … {_f(hi)}) | "
+                     f"{_f(f.get('accept_length'), 2)} | {_f(f.get('prompt_tokens_median'), 0)} | {_f(f.get('concurrent_tps'))} |")
+    return lines + [""]
 
 
 def save(trial: optuna.Trial, *, state: str, metric_names: list[str] | None = None, values: list[float] | None = None) -> None:

@@ -21,7 +21,7 @@ __all__ = [
     "MAX_TOTAL_NUM_TOKENS", "MAX_RUNNING_REQUESTS", "ACCEPT_LENGTH", "TTFT_MS", "STARTUP_S",
     "SGLANG_VERSION", "ACCELERATOR", "GPU_COUNT", "SERVER_MEM_FRACTION_STATIC", "HYPERVOLUME",
     "ATTENTION_BACKEND", "PAGE_SIZE", "SPECULATIVE_ADAPTIVE", "ARCHITECTURE", "DP_RANKS", "ACCEPT_LENGTH_SOURCE",
-    "SERVER_ACCEPT_LENGTH", "DECLARED_MAX_RUNNING", "ACCEPT_HISTOGRAM", "REQUEST_TOKENS", "MEMORY_USAGE", "CAPTURE_MEMORY", "MODEL_PREDICTION", "MODEL_NOTE", "THINKING_TOKENS", "DUPLICATE_OF", "RULED_OUT_BY", "RETRY_OF", "WARM_START", "BASELINE", "CONSTRAINTS",
+    "SERVER_ACCEPT_LENGTH", "DECLARED_MAX_RUNNING", "ACCEPT_HISTOGRAM", "REQUEST_TOKENS", "REQUEST_TOKENS_AUTO", "BY_CLASS", "by_class_of", "MEMORY_USAGE", "CAPTURE_MEMORY", "MODEL_PREDICTION", "MODEL_NOTE", "THINKING_TOKENS", "DUPLICATE_OF", "RULED_OUT_BY", "RETRY_OF", "WARM_START", "BASELINE", "CONSTRAINTS",
     "SERVER_LOG_ARTIFACT", "SINGLE_TPS_SPREAD", "SINGLE_TPS_CI95", "INTERRUPTED", "SCHEDULE",
     "SINGLE_TPS_RUNS", "CONCURRENT_TPS_BY_LEVEL", "CONCURRENT_WINDOW_S", "CONCURRENT_P99_ITL_MS", "CONCURRENT_P99_TTFT_MS",
     "COMPLETION_TOKENS", "MEASURE_S", "HARDWARE", "SAMPLER", "record_log_artifact",
@@ -79,7 +79,11 @@ CONSTRAINTS = "constraints"
 HYPERVOLUME = "hypervolume"  # the front's normalised hypervolume with this trial in it
 # What the model sampler (tuner/search/model.py) fits on:
 ACCEPT_HISTOGRAM = "accept_histogram"  # [n0, n1, ...]: verify steps that accepted k drafts (depth probe)
-REQUEST_TOKENS = "request_tokens"  # [bench] request_tokens: the capacity objective's unit
+REQUEST_TOKENS = "request_tokens"  # contract: [bench] request_tokens, or the measured footprint ("auto"): capacity's unit
+REQUEST_TOKENS_AUTO = "request_tokens_auto"  # true when request_tokens was measured from the workload
+# contract: per request class {"requests", "single_tps", "single_tps_ci95", "accept_length",
+# "prompt_tokens_median", "concurrent_tps", "share", "single_s"} (tuner/measure/by_class.py)
+BY_CLASS = "by_class"
 # internal_states[0].memory_usage of /server_info: weight, kvcache, graph ({runner: GiB}),
 # token_capacity, startup_available (GiB left after CUDA-graph capture: the graph-OOM margin)
 MEMORY_USAGE = "memory_usage"
@@ -200,8 +204,33 @@ def record_measurement(trial, m: Measurement) -> None:
     }
     if m.accept_histogram:
         attrs[ACCEPT_HISTOGRAM] = list(m.accept_histogram)
+    attrs[REQUEST_TOKENS_AUTO] = m.request_tokens_auto
+    attrs[BY_CLASS] = {c: _class_attrs(f) for c, f in m.by_class.items()}
     for key, value in attrs.items():
         trial.set_user_attr(key, value)
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None or value != value else round(value, digits)  # NaN is not JSON
+
+
+def _class_attrs(f) -> dict[str, Any]:
+    return {
+        "requests": f.requests,
+        "single_tps": _round(f.single_tps, 2),
+        "single_tps_ci95": [_round(x, 2) for x in f.single_tps_ci95],
+        "accept_length": _round(f.accept_length, 4),
+        "prompt_tokens_median": _round(f.prompt_tokens_median, 1),
+        "concurrent_tps": _round(f.concurrent_tps, 2),
+        "share": round(f.share, 4),
+        "single_s": round(f.single_s, 2),
+    }
+
+
+def by_class_of(trial) -> dict[str, dict[str, Any]]:
+    """A trial's figures per request class (empty for trials recorded before classes)."""
+    value = trial.user_attrs.get(BY_CLASS)
+    return value if isinstance(value, dict) else {}
 
 
 def record_log_artifact(trial, artifact_id: str) -> None:

@@ -59,10 +59,16 @@ def trial_line(trial: FrozenTrial, metric_names: list[str]) -> str:
         extra = f"  (±{spread * 100:.1f}%)" if isinstance(spread, float) else ""
         accept = trial.user_attrs.get(record.ACCEPT_LENGTH)
         acc = f"  accept={accept:.2f}" if isinstance(accept, float) else ""
-        return f"{head} [green]COMPLETE[/green] {values}{extra}{acc}"
+        return f"{head} [green]COMPLETE[/green] {values}{extra}{acc}{_request_tokens_text(trial)}"
     reason = escape(trial.user_attrs.get(record.FAIL_REASON, ""))
     color = "yellow" if trial.state == TrialState.PRUNED else "red"
     return f"{head} [{color}]{trial.state.name}[/{color}] {reason}"
+
+
+def _request_tokens_text(trial: FrozenTrial) -> str:
+    """The KV footprint capacity was computed with, when it was measured (`request_tokens = "auto"`)."""
+    tokens = trial.user_attrs.get(record.REQUEST_TOKENS)
+    return f"  request_tokens={tokens:,} (auto)" if trial.user_attrs.get(record.REQUEST_TOKENS_AUTO) and isinstance(tokens, int) else ""
 
 
 def counts_line(study: optuna.Study) -> str:

@@ -72,7 +72,7 @@ def run_estimate(config: Config, study: optuna.Study | None, arms: dict, trials:
     history = [t for t in (study.get_trials(deepcopy=False) if study is not None else []) if t.state.is_finished()]
     edge = config.space.mem_fraction_static is not None and searches_memory_edge(sampler or config.study.sampler)
     return estimate(history + list(arms.values()), n_trials=trials, n_baselines=n_baselines, gpus=gpus,
-                    memory_edge_searched=edge)
+                    memory_edge_searched=edge, concurrent_cap_s=config.bench.level_seconds * len(config.bench.concurrency_levels))
 
 
 def _gpus_of(command: CommandLine) -> int:
@@ -141,7 +141,7 @@ def plan(config: Config, trials: int, *, sampler: str | None = None, seed: int |
     todo = baselines.missing(arms, command) if config.study.baselines and trials > 0 else []
     earlier = len(study.trials) if study is not None else 0
     with connected(config, prepare=config.target.manager == "systemd", restore=False) as target:
-        refuse_if_answering(target)
+        refuse_if_answering(target.client, config.target)
         result = DryRunPlan(config.study.name, redacted_url(config.storage_url), target.control.description,
                             config.target.url, earlier, trials)
         result.launches = [{"baseline": kind, "launch_command": target.command_spec(baselines.baseline_command(command, kind)).launch_command}

@@ -9,7 +9,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from tuner.config import Config
+from tuner.config import Config, TargetConfig
 from tuner.errors import HostError
 from tuner.sglang_args import CommandLine, Params
 from tuner.server.client import ServerClient
@@ -76,9 +76,10 @@ def resolved_command(config: Config, shell: Shell) -> CommandLine:
     return command.with_config_file(read) if command.has("config") else command
 
 
-def refuse_if_answering(target: Target) -> None:
-    """A process target must find its port free before the tuner launches anything: a server
-    that answers there now was not started by this control, and every figure would be its."""
-    if target.config.target.manager == "process" and target.client.answers():
-        raise HostError(f"something already answers at {target.config.target.url} that the tuner did not start; "
+def refuse_if_answering(client: ServerClient, target: TargetConfig) -> None:
+    """Before a command launches anything: with the process manager the URL must be free (a
+    server the tuner did not start would answer every request meant for ours, and every figure
+    would be its).  A systemd unit's own server is the one the tuner replaces, so it may answer."""
+    if target.manager == "process" and client.answers():
+        raise HostError(f"something already answers at {target.url} that the tuner did not start; "
                         "stop it or point [target] url (and --port) elsewhere")

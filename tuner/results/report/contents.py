@@ -9,7 +9,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.results import baselines
+from tuner.results import baselines, classes
 from tuner.results.optuna_private import storage_of
 from tuner.results.record import params_of
 from tuner.results.hypervolume import study_history
@@ -76,6 +76,10 @@ class Report:
     # front (tuner/search/model_sampler.py · predicted_front), set by tuner.report.
     predicted: Table | None = None
     predicted_note: str = ""
+    # Figures per request class of the front and the baselines (tuner/results/classes.py), and
+    # every front trial's classes slower than no speculation.
+    by_class: Table = field(default_factory=lambda: Table([], []))
+    class_losses: list[str] = field(default_factory=list)
 
 
 # --- reading trials -------------------------------------------------------------------------
@@ -237,3 +241,13 @@ def baselines_for(study: optuna.Study, names: list[str]) -> tuple[Table, list[st
         rows.append([kind.replace("_", " "), t.state.name.lower(), *figures, fmt(t.user_attrs.get(record.ACCEPT_LENGTH), 2),
                      fmt(t.user_attrs.get(record.MAX_RUNNING_REQUESTS)), fmt(t.user_attrs.get(record.MAX_TOTAL_NUM_TOKENS))])
     return Table(header, rows), [line for c in baselines.compare(study, arms) for line in c.lines]
+
+
+def classes_for(study: optuna.Study, front: list[FrozenTrial]) -> tuple[Table, list[str]]:
+    """Per request class: the front's trials (best first objective first) and the baselines."""
+    arms = {k: t for k, t in baselines.load(storage_of(study), study.study_name).items() if t.state == TrialState.COMPLETE}
+    base = arms.get("no_speculation")
+    ordered = sorted(front, key=lambda t: -t.values[0])
+    labelled = [(f"trial {t.number}", t) for t in ordered] + [(k.replace("_", " "), t) for k, t in arms.items()]
+    losses = [f"trial {t.number}: {loss}" for t in ordered for loss in classes.losses(t, base)]
+    return Table(classes.CLASS_HEADER, classes.class_rows(labelled, base)), losses
