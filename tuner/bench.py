@@ -24,7 +24,7 @@ from tuner.measure.objectives import load_objectives, score
 from tuner.measure.runner import Measurement, measure
 from tuner.measure.workload import load_workload
 from tuner.results.terminal import fmt
-from tuner.sequence import connected, launch_and_measure
+from tuner.sequence import connected, launch_and_measure, refuse_if_answering
 from tuner.server.client import ServerClient
 
 __all__ = ["main", "measurement_table", "warnings_for", "build_parser", "blame_flags"]
@@ -108,10 +108,11 @@ def _measure(args, err) -> tuple:
     except ValueError as exc:
         raise ConfigError(f"--flags: {exc}") from None
     with connected(config) as target:
+        refuse_if_answering(target.client, config.target)
         spec = target.spec(config.server.command_line.params(), extra=extra)
         err.print(f"launching: {spec.launch_command}", highlight=False, markup=False)
-        ready, m = launch_and_measure(target, spec, workload, phase=phase)
-        err.print(f"ready in {ready.startup_s:.1f} s", highlight=False)
+        _, m = launch_and_measure(target, spec, workload, phase=phase,
+                                  on_ready=lambda ready: err.print(f"ready in {ready.startup_s:.1f} s", highlight=False))
     return config, objectives, m
 
 

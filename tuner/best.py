@@ -23,7 +23,7 @@ from tuner.errors import TunerError
 from tuner.results.picks import PICKS, pick
 from tuner.results.storage import existing_storage, load_existing_study, study_summaries
 from tuner.results.record import params_of
-from tuner.sequence import connected, launch
+from tuner.sequence import connected, launch, refuse_if_answering
 from tuner.server.control.process import ProcessControl
 from tuner.server.control.systemd import APPLIED_NAME, SystemdControl, render_dropin
 from tuner.server.launch import launch_spec
@@ -44,8 +44,10 @@ def _apply(config, params) -> None:
         if isinstance(target.control, SystemdControl):
             where = target.control.apply(spec, study=config.study.name)
             ready = wait_ready(target.control, target.client, params=params, timeout_s=config.target.ready_timeout_s,
-                               poll_s=config.target.poll_interval_s, url=config.target.url)
+                               poll_s=config.target.poll_interval_s, url=config.target.url, spec=spec)
         else:
+            target.control.prepare()  # the server an earlier --apply left running is ours: stopped first
+            refuse_if_answering(target.client, config.target)
             ready = launch(target, spec)
             where = f"{target.control.dir}/server.log"
     print(f"applied: ready in {ready.startup_s:.0f} s at {config.target.url} ({where})", file=sys.stderr)

@@ -14,6 +14,7 @@ from typing import Callable
 
 from rich.console import Console
 
+import tuner.interrupts as interrupts
 from tuner.errors import LaunchError, TunerError
 
 __all__ = ["consoles", "error", "guarded", "parser", "prog_name", "EXIT_ERROR", "EXIT_INTERRUPTED", "ENTRY_POINT", "in_config"]
@@ -75,12 +76,16 @@ def error(message: str) -> int:
 
 
 def guarded(body: Callable[[], int], *, launch_prefix: str = "") -> int:
-    """Run a command's body, turning the tuner's errors into one line and an exit status."""
+    """Run a command's body, turning the tuner's errors into one line and an exit status; a
+    Ctrl-C or SIGTERM ends it 130 with one line once the target is restored (`tuner.interrupts`)."""
+    interrupts.install()
     try:
         return body()
     except LaunchError as exc:
         return error(launch_prefix + exc.reason)
     except TunerError as exc:
         return error(str(exc))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        print(str(exc) if isinstance(exc, interrupts.Interrupted) else "interrupted; the target was restored",
+              file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
 import sys
 import time
 from pathlib import Path
@@ -23,9 +22,11 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
+import tuner.interrupts as interrupts
+from tuner.interrupts import Interrupted
 from tuner.cli import EXIT_INTERRUPTED, consoles, error, in_config, parser
 from tuner.config import DEFAULT_CONFIG, apply_overrides, load_config
-from tuner.errors import ConfigError, HostError, TunerError
+from tuner.errors import ConfigError, TunerError
 from tuner.results import baselines
 from tuner.results.baselines import compare
 from tuner.results.estimate import Estimate, estimate
@@ -34,7 +35,7 @@ from tuner.measure.objectives import load_objectives
 from tuner.results.picks import measured_front
 from tuner.results.storage import existing_storage
 from tuner.search.preview import first_proposals
-from tuner.sequence import connected
+from tuner.sequence import connected, refuse_if_answering
 from tuner.server.launch import command_spec
 from tuner.results.terminal import baselines_table, counts_line, pareto_table, trial_line
 from tuner.search.samplers import SAMPLERS
@@ -176,10 +177,6 @@ def _gpus_of(command) -> int:
     return (command.get_int("tp_size") or 1) * (command.get_int("dp_size") or 1)
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def _logger(path: str | None) -> logging.Logger | None:
     """`--log-file`: the run's lines and the tuner's own INFO log, appended to a file."""
     if not path:
@@ -211,8 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     out, err = consoles()
     if args.trials < 0:
         return error("--trials must be >= 0")
-    # SIGTERM (systemd stop, kill) unwinds like Ctrl-C, so the target is restored.
-    signal.signal(signal.SIGTERM, _interrupt)
+    interrupts.install()  # SIGTERM unwinds like Ctrl-C; a second signal waits for the bookkeeping
     try:
         log = _logger(args.log_file)
         config = _config(args)
@@ -223,8 +219,8 @@ def main(argv: list[str] | None = None) -> int:
                                reporter=reporter, timeout_s=args.timeout, patience=args.patience)
     except TunerError as exc:
         return error(in_config(str(exc), args.config))
-    except KeyboardInterrupt:
-        err.print("interrupted: the running trial is recorded as FAIL (interrupted); the target was restored", highlight=False)
+    except KeyboardInterrupt as exc:
+        err.print(str(exc) if isinstance(exc, Interrupted) else interrupts.NOTHING_RAN_LINE, highlight=False, markup=False)
         return EXIT_INTERRUPTED
     _show(result, config, args, out)
     if result.fatal is not None:
@@ -261,9 +257,7 @@ def plan(config, args) -> dict:
     command = config.server.command_line
     todo = baselines.missing(arms, command) if config.study.baselines and args.trials > 0 else []
     with connected(config, prepare=config.target.manager == "systemd", restore=False) as target:
-        if config.target.manager == "process" and target.client.answers():
-            raise HostError(f"something already answers at {config.target.url} that the tuner did not start; "
-                            "stop it or point [target] url (and --port) elsewhere")
+        refuse_if_answering(target.client, config.target)
         where = target.control.description
         launches = [{"baseline": kind, "launch_command": command_spec(config.server, baselines.baseline_command(command, kind),
                                                                        api_key=target.api_key).launch_command} for kind in todo]

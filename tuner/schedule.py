@@ -41,7 +41,7 @@ from tuner.results import adaptive_table as sch
 from tuner.results.optuna_private import storage_of, trial_id_of
 from tuner.results.record import SPECULATIVE_ADAPTIVE
 from tuner.results.storage import load_existing_study
-from tuner.sequence import Target, connected, launch, measure_server
+from tuner.sequence import Target, connected, launch, measure_server, refuse_if_answering
 from tuner.sglang_args import ADAPTIVE_ALGORITHMS, SPECULATIVE_SHAPE, CommandLine, Params
 from tuner.server.control.process import ProcessControl
 from tuner.server.control.systemd import APPLIED_NAME, SystemdControl
@@ -197,9 +197,7 @@ class Session:
 
 
 def open_session(plan: Plan, target: Target, reporter) -> Session:
-    if plan.config.target.manager == "process" and target.client.answers():
-        raise HostError(f"something already answers at {plan.config.target.url} that the tuner did not start; "
-                        "stop it or point [target] url (and --port) elsewhere")
+    refuse_if_answering(target.client, plan.config.target)
     objectives = load_objectives(plan.config.study.objectives, _study_levels(plan))
     workload = load_workload(plan.config.bench.prompts, seed=plan.config.bench.seed, base_dir=plan.config.base_dir)
     runner = TrialRunner(config=plan.config, target=target, workload=workload, objectives=objectives,
@@ -397,8 +395,10 @@ def apply_table(config: Config, text: str, mem_fraction: float | None) -> None:
         if isinstance(target.control, SystemdControl):
             where = target.control.apply(spec, study=config.study.name)
             ready = wait_ready(target.control, target.client, params=spec.params, timeout_s=config.target.ready_timeout_s,
-                               poll_s=config.target.poll_interval_s, url=config.target.url)
+                               poll_s=config.target.poll_interval_s, url=config.target.url, spec=spec)
         else:
+            target.control.prepare()  # the server an earlier --apply left running is ours: stopped first
+            refuse_if_answering(target.client, config.target)
             ready = launch(target, spec)
             where = f"{target.control.dir}/server.log"
     adaptive = ready.info.args.get("speculative_adaptive")

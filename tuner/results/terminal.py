@@ -10,7 +10,9 @@ from optuna.trial import FrozenTrial, TrialState
 from rich.markup import escape
 from rich.table import Table
 
-__all__ = ["trial_line", "pareto_table", "baselines_table", "counts_line", "fmt", "PARAM_COLUMNS"]
+from tuner.results import record
+
+__all__ = ["trial_line", "pareto_table", "baselines_table", "counts_line", "fmt", "PARAM_COLUMNS", "interrupted_line"]
 
 PARAM_COLUMNS = (
     ("speculative_num_steps", "steps"),
@@ -115,3 +117,18 @@ def baselines_table(baselines: dict[str, FrozenTrial], metric_names: list[str]) 
         table.add_row(label, *[fmt(v) for v in t.values], fmt(t.user_attrs.get("accept_length"), 2),
                       fmt(t.user_attrs.get("max_running_requests")), fmt(t.user_attrs.get("max_total_num_tokens")))
     return table
+
+
+def interrupted_line(interrupted: list[FrozenTrial]) -> str:
+    """What a Ctrl-C or SIGTERM interrupted, said once the target is restored: the trial, the
+    baseline (measured again on the next run) or the schedule launch recorded FAIL, or none."""
+    def what(t: FrozenTrial) -> str:
+        if t.user_attrs.get(record.BASELINE):
+            return f"baseline {t.user_attrs[record.BASELINE].replace('_', ' ')} (measured again on the next run)"
+        if t.user_attrs.get(record.SCHEDULE):
+            return f"schedule launch {t.number} ({_params_text(t)})"
+        return f"trial {t.number} ({_params_text(t)})"
+
+    if not interrupted:
+        return "interrupted between launches: no trial was running, none recorded; the target was restored"
+    return f"interrupted: {', '.join(what(t) for t in interrupted)} recorded as FAIL (interrupted); the target was restored"
