@@ -138,6 +138,8 @@ class RichReporter:
             self.progress.update(self.task, description=f"baseline {kind.replace('_', ' ')}", phase="launching", eta=self._eta())
 
     def phase(self, text: str):
+        if self.log is not None:  # the log file shows where the run is (a test waits for a moment by it)
+            self.log.info("phase: %s", text)
         if self.task is not None:
             self.progress.update(self.task, phase=text, eta=self._eta())
 

@@ -1,0 +1,83 @@
+"""Signals land where they are sent, and a measured server is the one launched (issue 25)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from tuner import interrupts
+from tuner.config import TargetConfig
+from tuner.errors import LaunchError
+from tuner.server.client import Rank, ServerInfo
+from tuner.server.host import connect
+from tuner.server.readiness import check_server_args
+from tuner.sglang_args import CommandLine
+
+
+def _signal_soon(sig: int = signal.SIGINT, after_s: float = 0.3) -> None:
+    threading.Timer(after_s, lambda: os.kill(os.getpid(), sig)).start()
+
+
+def test_a_ctrl_c_during_a_local_shell_command_is_raised_once_it_ends():
+    """Invoke forwards the interrupt to the command and returned as if nothing happened: the run
+    that got a Ctrl-C during one of a launch's many short polls went on with its study."""
+    shell = connect(TargetConfig())
+    _signal_soon()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        shell.run("sleep 1")
+    assert time.monotonic() - started < 5
+    assert shell.run("echo still usable").stdout.strip() == "still usable"
+
+
+def test_after_the_first_signal_later_ones_wait_for_the_bookkeeping(capsys):
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        interrupts.install()
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)
+        assert interrupts.stopping()
+        os.kill(os.getpid(), signal.SIGINT)  # the bookkeeping goes on
+        time.sleep(0.05)
+        assert interrupts.AGAIN_LINE in capsys.readouterr().err
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _info(**args) -> ServerInfo:
+    return ServerInfo(version="0.5.23", ranks=(Rank(1000, 8),), args=args)
+
+
+LAUNCHED = CommandLine.split("python -m sglang.launch_server --model-path m --speculative-algorithm NEXTN "
+                             "--speculative-num-steps 2 --speculative-eagle-topk 2 --speculative-num-draft-tokens 5 "
+                             "--mem-fraction-static 0.84")
+SAME = dict(speculative_algorithm="NEXTN", speculative_num_steps=2, speculative_eagle_topk=2,
+            speculative_num_draft_tokens=5, mem_fraction_static=0.84)
+
+
+def test_the_server_launched_passes_the_identity_check():
+    check_server_args(_info(**SAME, startup_time=time.time()), LAUNCHED, "http://x", launched_at=time.time() - 3)
+
+
+@pytest.mark.parametrize("other,said", [
+    ({"mem_fraction_static": 0.9}, "mem_fraction_static=0.9, not the launched 0.84"),
+    ({"speculative_num_draft_tokens": 6}, "speculative_num_draft_tokens=6, not the launched 5"),
+    ({"speculative_num_steps": 3}, "speculative_num_steps=3, not the launched 2"),
+    ({"speculative_algorithm": None}, "speculative_algorithm=None, not the launched NEXTN"),
+    ({"startup_time": time.time() - 3600}, "s before this launch"),
+])
+def test_another_server_on_the_port_is_refused_by_what_it_reports(other, said):
+    with pytest.raises(LaunchError) as exc:
+        check_server_args(_info(**{**SAME, **other}), LAUNCHED, "http://x", launched_at=time.time())
+    assert exc.value.fatal and said in exc.value.reason and "another server answers at [target] url" in exc.value.reason
+
+
+def test_a_speculating_server_is_not_the_no_speculation_baseline():
+    with pytest.raises(LaunchError, match="speculative_algorithm=EAGLE, not the launched None"):
+        check_server_args(_info(speculative_algorithm="EAGLE"), CommandLine.split("python -m sglang.launch_server --model-path m"), "http://x")
