@@ -81,3 +81,30 @@ def test_another_server_on_the_port_is_refused_by_what_it_reports(other, said):
 def test_a_speculating_server_is_not_the_no_speculation_baseline():
     with pytest.raises(LaunchError, match="speculative_algorithm=EAGLE, not the launched None"):
         check_server_args(_info(speculative_algorithm="EAGLE"), CommandLine.split("python -m sglang.launch_server --model-path m"), "http://x")
+
+
+# -- config types (item 9) -------------------------------------------------------------------
+from tests.unit.test_config import _err  # noqa: E402  (the config tests' own helper)
+
+
+@pytest.mark.parametrize("extra,expected", [
+    ('[bench]\nmax_tokens = "128"', "x.toml [bench] max_tokens: is the string '128', not a whole number; write it without quotes: 128"),
+    ('[bench]\ntemperature = "0.7"', "x.toml [bench] temperature: is the string '0.7', not a number; write it without quotes: 0.7"),
+    ('[bench]\nignore_eos = "true"', "x.toml [bench] ignore_eos: is the string 'true', not true or false; write it without quotes: true"),
+    ('[space]\nspeculative_eagle_topk = { choices = "1,2,4" }',
+     "x.toml [space] speculative_eagle_topk choices: is the string '1,2,4', not a list; write it as a list: [1, 2, 4]"),
+])
+def test_a_value_of_the_wrong_type_is_named_with_its_fix(extra, expected):
+    assert _err(extra) == expected
+
+
+def test_a_broken_prompts_file_names_the_config_key(tmp_path):
+    from tuner.errors import ConfigError
+    from tuner.measure.workload import load_workload
+
+    (tmp_path / "p.jsonl").write_text('{"prompt": "hi"}\nnot json\n')
+    with pytest.raises(ConfigError, match=r'^\[bench\] prompts: .*p.jsonl line 2: not valid JSON .*; fix the file, or set prompts = "builtin"$'):
+        load_workload("p.jsonl", base_dir=tmp_path)
+    (tmp_path / "e.jsonl").write_text("\n")
+    with pytest.raises(ConfigError, match=r"^\[bench\] prompts: e.jsonl: no usable prompts"):
+        load_workload("e.jsonl", base_dir=tmp_path)

@@ -119,4 +119,7 @@ def load_workload(source: str | Path, *, seed: int = 0, base_dir: str | Path = "
         path = Path(base_dir) / path
     if not path.exists():
         raise ConfigError(f"[bench] prompts: {source} does not exist; give a JSONL or ShareGPT JSON file, or \"builtin\"")
-    return Workload(_read(path), seed=seed, name=str(source))
+    try:
+        return Workload(_read(path), seed=seed, name=str(source))
+    except ConfigError as exc:  # the file's own line or entry, named as the config key it came from
+        raise ConfigError(f"[bench] prompts: {exc}; fix the file, or set prompts = \"builtin\"") from None
