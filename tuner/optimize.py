@@ -37,6 +37,7 @@ from tuner.results.storage import existing_storage
 from tuner.search.preview import first_proposals
 from tuner.sequence import connected, refuse_if_answering
 from tuner.server.launch import command_spec
+from tuner.server.preflight import check_model
 from tuner.results.terminal import baselines_table, counts_line, pareto_table, trial_line
 from tuner.search.samplers import SAMPLERS
 from tuner.sglang_args import Params
@@ -260,6 +261,8 @@ def plan(config, args) -> dict:
     todo = baselines.missing(arms, command) if config.study.baselines and args.trials > 0 else []
     with connected(config, prepare=config.target.manager == "systemd", restore=False) as target:
         refuse_if_answering(target.client, config.target)
+        answers = target.client.answers()  # process: never (refused above); systemd: the unit's own server
+        model = check_model(target, target.command)
         where = target.control.description
         launches = [{"baseline": kind, "launch_command": command_spec(config.server, baselines.baseline_command(command, kind),
                                                                        api_key=target.api_key).launch_command} for kind in todo]
@@ -269,7 +272,7 @@ def plan(config, args) -> dict:
                      for i, (params, source) in enumerate(proposals, start=len(study.trials) if study is not None else 0)]
     est = run_estimate(config, study, arms, args.trials, len(todo))
     return {"study": config.study.name, "storage": config.storage_url.split("@")[-1], "target": where, "url": config.target.url,
-            "earlier_trials": len(study.trials) if study is not None else 0, "trials": args.trials, "launches": launches,
+            "answers": answers, "model": {"path": model.model, "found": model.found}, "earlier_trials": len(study.trials) if study is not None else 0, "trials": args.trials, "launches": launches,
             "estimate": {"duration_s": round(est.total_s), "gpu_hours": round(est.gpu_hours, 2), "gpus": est.gpus,
                          "per_trial_s": round(est.per_trial_s), "expected_failed_launches": min(est.expected_pruned, args.trials),
                          "from": est.sources},
@@ -281,8 +284,9 @@ def dry_run(config, args, out, err) -> int:
     if args.json:
         print(json.dumps(p, indent=2), flush=True)
         return 0
+    listening = "a server answers there now (each launch replaces it)" if p["answers"] else "nothing answers there yet"
     out.print(f"dry run of study {p['study']} in {p['storage']}: {p['earlier_trials']} earlier trial(s); "
-              f"target {p['target']}, {p['url']}: reachable, nothing started", highlight=False, markup=False)
+              f"target {p['target']} reached, {p['url']}: {listening}; nothing started", highlight=False, markup=False)
     for launch in p["launches"]:
         label = f"baseline {launch['baseline'].replace('_', ' ')}" if "baseline" in launch else f"trial {launch['trial']} ({launch['source']})"
         out.print(f"{label}: {launch['launch_command']}", highlight=False, markup=False)

@@ -52,3 +52,14 @@ def test_a_command_that_launches_refuses_a_port_another_server_answers_on(tmp_pa
     assert "ready in" not in result.stderr and "launching" not in result.stderr
     assert {os.getpgid(p) for p in server_processes(other.port)} == {other.proc.pid}  # nothing of ours started beside it
     assert other.proc.poll() is None  # and the other server was left alone
+
+
+def test_the_dry_run_sees_a_missing_model_as_the_real_run_does(tmp_path):
+    config = write_config(tmp_path, model="Qwen/Qwen3.5-999B-A1B --tp 4")
+    dry = _cli("tuner.optimize", "--trials", "2", "--config", str(config), "--dry-run")
+    assert dry.returncode == 2, dry.stderr
+    assert "error: model Qwen/Qwen3.5-999B-A1B does not exist on the target" in dry.stderr
+    assert "fix --model-path in [server] command" in dry.stderr
+    assert not (tmp_path / "t.db").exists()
+    real = _cli("tuner.optimize", "--trials", "2", "--config", str(config))
+    assert real.returncode == 2 and "Qwen/Qwen3.5-999B-A1B does not exist on the target" in real.stderr
