@@ -88,6 +88,8 @@ def _list(config, as_json: bool) -> int:
     for row in rows:
         best = "  ".join(f"{k}={v:,.1f}" for k, v in row["best"].items()) or "nothing measured"
         counts = ", ".join(f"{n} {s}" for s, n in row["trials"].items()) or "no trials"
+        if row.get("kinds"):
+            counts += " (" + ", ".join(f"{n} {k}" for k, n in row["kinds"].items() if n) + ")"
         print(f"{row['study']:<24} {counts:<40} best: {best}")
     return 0
 

@@ -142,7 +142,7 @@ class RichReporter:
         if self.log is not None:  # the log file shows where the run is (a test waits for a moment by it)
             self.log.info("phase: %s", text)
         if self.task is not None:
-            self.progress.update(self.task, phase=text, eta=self._eta())
+            self.progress.update(self.task, phase=escape(text), eta=self._eta())  # a reason may say "[server]"
 
     def trial_finished(self, trial):
         self.durations.append(time.monotonic() - self.current_started)
@@ -207,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     optuna.logging.set_verbosity(optuna.logging.ERROR)
+    for noisy in ("httpx", "httpx2", "httpcore", "openai"):  # -v is the tuner's steps, not a line per HTTP request
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     out, err = consoles()
     if args.trials < 0:
@@ -319,7 +321,7 @@ def _show(result, config, args, out) -> None:
         out.print(baselines_table(result.baselines, names))
         for comparison in compare(study, result.baselines):
             for line in comparison.lines:
-                out.print(line, highlight=False)
+                out.print(line, highlight=False, markup=False)
 
 
 def result_json(result, config) -> dict:

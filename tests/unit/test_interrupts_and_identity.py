@@ -108,3 +108,32 @@ def test_a_broken_prompts_file_names_the_config_key(tmp_path):
     (tmp_path / "e.jsonl").write_text("\n")
     with pytest.raises(ConfigError, match=r"^\[bench\] prompts: e.jsonl: no usable prompts"):
         load_workload("e.jsonl", base_dir=tmp_path)
+
+
+# -- console text (item 8) -------------------------------------------------------------------
+def test_a_failed_baseline_shows_its_whole_reason_with_the_section_it_names():
+    import optuna
+    from rich.console import Console
+
+    from tuner.results.terminal import baselines_table
+
+    reason = "model Qwen/X does not exist on the target; fix --model-path in [server] command (in studies/demo.toml)"
+    t = optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL, user_attrs={"fail_reason": reason, "baseline": "adaptive"})
+    console = Console(width=100, record=True)
+    console.print(baselines_table({"adaptive": t}, ["single_tps", "concurrent_tps", "capacity"]))
+    text = " ".join(console.export_text().split())
+    assert reason in text
+
+
+def test_best_list_tells_schedule_launches_from_baselines(tmp_path):
+    import optuna
+
+    from tuner.results.storage import study_summaries
+
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 's.db'}")
+    sibling = optuna.create_study(study_name="t@baselines", storage=storage, directions=["maximize"])
+    sibling.add_trial(optuna.trial.create_trial(values=[1.0], user_attrs={"baseline": "no_speculation"}))
+    for steps in (1, 2):
+        sibling.add_trial(optuna.trial.create_trial(values=[2.0], user_attrs={"schedule": {"role": "static", "steps": steps}}))
+    (row,) = study_summaries(storage)
+    assert row["trials"] == {"complete": 3} and row["kinds"] == {"baselines": 1, "schedule launches": 2}

@@ -9,6 +9,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from tuner.results import record
 
@@ -109,13 +110,20 @@ def baselines_table(baselines: dict[str, FrozenTrial], metric_names: list[str]) 
     table.add_column("accept", justify="right")
     table.add_column("max_running", justify="right")
     table.add_column("kv_tokens", justify="right")
+    failed = []
     for kind, t in baselines.items():
         label = kind.replace("_", " ")
         if t.state != TrialState.COMPLETE:
-            table.add_row(label, *[escape(t.user_attrs.get("fail_reason", t.state.name))[:60]] + [""] * (len(metric_names) + 2))
+            # The reason whole, under the table: cut to a column it lost its fix ("fix -"), and
+            # cut after escaping it could eat "[server]" as markup.
+            table.add_row(label, t.state.name, *[""] * (len(metric_names) + 1))
+            failed.append(f"{label}: {t.state.name} {t.user_attrs.get(record.FAIL_REASON, '')}".rstrip())
             continue
         table.add_row(label, *[fmt(v) for v in t.values], fmt(t.user_attrs.get("accept_length"), 2),
                       fmt(t.user_attrs.get("max_running_requests")), fmt(t.user_attrs.get("max_total_num_tokens")))
+    if failed:
+        table.caption = Text("\n".join(failed))
+        table.caption_justify = "left"
     return table
 
 
