@@ -137,3 +137,14 @@ def test_best_list_tells_schedule_launches_from_baselines(tmp_path):
         sibling.add_trial(optuna.trial.create_trial(values=[2.0], user_attrs={"schedule": {"role": "static", "steps": steps}}))
     (row,) = study_summaries(storage)
     assert row["trials"] == {"complete": 3} and row["kinds"] == {"baselines": 1, "schedule launches": 2}
+
+
+def test_the_dashboard_note_puts_the_launch_command_one_option_per_line():
+    from tuner.results.notes import trial_note
+
+    command = "/opt/venv/bin/python -m sglang.launch_server --model-path Qwen/Qwen3.5-122B-A10B --tp 4 " + " ".join(
+        f"--option-{i} {i}" for i in range(20))
+    note = trial_note(state="COMPLETE", attrs={"launch_command": command})
+    block = note.split("```")[1]
+    assert max(len(line) for line in block.splitlines()) < 80
+    assert block.replace(" \\\n    ", " ").strip() == command  # pastes back as the same command
