@@ -173,7 +173,8 @@ def run_estimate(config, study, arms: dict, trials: int, n_baselines: int) -> Es
     history = [t for t in (study.get_trials(deepcopy=False) if study is not None else []) if t.state.is_finished()]
     return estimate(history + list(arms.values()), n_trials=trials, n_baselines=n_baselines, gpus=gpus,
                     memory_edge_searched=config.space.mem_fraction_static is not None
-                    and (config.study.sampler or "auto") == "auto")
+                    and (config.study.sampler or "auto") == "auto",
+                    emulator="sglang_emulator" in config.server.command_line.prefix)
 
 
 def _gpus_of(command) -> int:

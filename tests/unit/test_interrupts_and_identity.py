@@ -148,3 +148,13 @@ def test_the_dashboard_note_puts_the_launch_command_one_option_per_line():
     block = note.split("```")[1]
     assert max(len(line) for line in block.splitlines()) < 80
     assert block.replace(" \\\n    ", " ").strip() == command  # pastes back as the same command
+
+
+def test_the_first_estimate_on_the_emulator_uses_the_emulators_speed():
+    from tuner.results.estimate import estimate
+
+    real = estimate([], n_trials=20, n_baselines=2, gpus=4)
+    emulated = estimate([], n_trials=20, n_baselines=2, gpus=4, emulator=True)
+    assert real.total_s > 30 * 60  # a real server: minutes per launch
+    assert 3 * 60 < emulated.total_s < 10 * 60  # the demo's 20 trials + 2 baselines take about 6 minutes
+    assert "the emulator's default" in " ".join(emulated.sources)
