@@ -17,7 +17,7 @@ import sys
 from rich.markup import escape
 from rich.table import Table
 
-from tuner.cli import consoles, guarded, in_config, parser
+from tuner.cli import consoles, guarded, in_config, parser, exit_with
 from tuner.config import DEFAULT_CONFIG, load_config
 from tuner.errors import ConfigError, LaunchError, TunerError
 from tuner.measure.objectives import load_objectives, score
@@ -167,4 +167,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())

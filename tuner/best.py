@@ -17,7 +17,7 @@ import sys
 
 import optuna
 
-from tuner.cli import guarded, parser
+from tuner.cli import guarded, parser, exit_with
 from tuner.config import DEFAULT_CONFIG, apply_overrides, load_config
 from tuner.errors import TunerError
 from tuner.results.picks import PICKS, pick
@@ -142,4 +142,4 @@ def _print_predicted(study: optuna.Study, config) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())

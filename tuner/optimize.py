@@ -24,7 +24,7 @@ from rich.text import Text
 
 import tuner.interrupts as interrupts
 from tuner.interrupts import Interrupted
-from tuner.cli import EXIT_INTERRUPTED, consoles, error, in_config, parser
+from tuner.cli import EXIT_INTERRUPTED, consoles, error, in_config, parser, exit_with
 from tuner.config import DEFAULT_CONFIG, apply_overrides, load_config
 from tuner.errors import ConfigError, TunerError
 from tuner.results import baselines
@@ -194,7 +194,9 @@ def _logger(path: str | None) -> logging.Logger | None:
     for name in ("tuner", "tuner.run"):
         logging.getLogger(name).addHandler(handler)
         logging.getLogger(name).setLevel(logging.INFO)
-    return logging.getLogger("tuner.run")
+    run = logging.getLogger("tuner.run")
+    run.propagate = False  # the run's lines are on the console already, and once in the file
+    return run
 
 
 def _config(args):
@@ -207,6 +209,8 @@ def _config(args):
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:  # --log-file sets the tuner's loggers to INFO: stderr keeps -v's level
+        handler.setLevel(logging.INFO if args.verbose else logging.WARNING)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     for noisy in ("httpx", "httpx2", "httpcore", "openai"):  # -v is the tuner's steps, not a line per HTTP request
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -344,4 +348,4 @@ def result_json(result, config) -> dict:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())

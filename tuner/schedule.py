@@ -30,7 +30,7 @@ from pathlib import Path
 import optuna
 from optuna_dashboard import save_note
 
-from tuner.cli import guarded
+from tuner.cli import guarded, exit_with
 from tuner.config import DEFAULT_CONFIG, Config, IntRange, apply_overrides, load_config
 from tuner.errors import ConfigError, HostError, LaunchError, MeasureError, TunerError
 from tuner.measure.objectives import load_objectives
@@ -513,4 +513,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())

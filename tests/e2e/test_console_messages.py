@@ -32,3 +32,13 @@ def test_bench_says_ready_before_the_benchmark_lines(tmp_path):
     ready = next(i for i, line in enumerate(lines) if line.startswith("ready in "))
     first_phase = next(i for i, line in enumerate(lines) if line.startswith("  "))
     assert lines[0].startswith("launching: ") and ready < first_phase
+
+
+def test_the_log_file_does_not_echo_on_stderr_nor_twice(tmp_path):
+    config = write_config(tmp_path, space=ONE)
+    log = tmp_path / "run.log"
+    result = run_cli("--trials", "1", "--config", str(config), "--log-file", str(log), timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert not [line for line in result.stderr.splitlines() if line.startswith("INFO ")]
+    text = log.read_text()
+    assert text.count("study t in ") == 1 and "phase: launching" in text and "phase: single pass 1 1/" in text
