@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.conftest import free_port, write_config  # noqa: E402
+from tuner.results.resilient import redacted_url  # noqa: E402
 
 
 def storage_url(arg: str | None) -> str:
@@ -74,7 +75,7 @@ def main() -> None:
             seconds, trials = run(workers, args.trials_per_worker, storage, Path(tmp))
             rows.append((workers, trials, seconds, trials / seconds * 3600))
             console.print(f"{workers} worker(s): {trials} trials in {seconds:.0f} s", highlight=False)
-    table = Table(title=f"Trials per hour on one study ({storage.split('@')[-1]}), {args.trials_per_worker} trials per worker, {os.cpu_count()} CPU cores shared")
+    table = Table(title=f"Trials per hour on one study ({redacted_url(storage)}), {args.trials_per_worker} trials per worker, {os.cpu_count()} CPU cores shared")
     for col in ("workers", "trials", "wall s", "trials / hour", "speed-up", "ideal"):
         table.add_column(col, justify="right")
     base = rows[0][3]

@@ -27,7 +27,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tuner.config import load_config  # noqa: E402
-from tuner.measure.workload import load_workload  # noqa: E402
+from tuner.measure.workload import bench_workload  # noqa: E402
 from tuner.sequence import connected, launch, measure_server  # noqa: E402
 from tuner.sglang_args import Params  # noqa: E402
 
@@ -44,7 +44,7 @@ def main() -> None:
     os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"]
     config = load_config(args.config)
     params = Params(3, 1, 4, None)
-    workload = load_workload(config.bench.prompts, seed=config.bench.seed)
+    workload = bench_workload(config.bench)
     modes = {
         "before (1 pass)": config.bench.model_copy(update={"single_min_passes": 1, "single_max_passes": 1}),
         "after (repeats to 3% CI)": config.bench,

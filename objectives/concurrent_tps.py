@@ -1,5 +1,6 @@
 """Throughput under load: completion tokens per second with `concurrency` requests in flight."""
 
+from tuner.errors import MeasureError
 from tuner.measure import Measurement
 
 name = "concurrent_tps"
@@ -8,6 +9,12 @@ unit = "tok/s"
 description = "completion tokens per second over the concurrent phase's steady window (first concurrency level)"
 
 
-def score(m: Measurement, level: int | None = None) -> float:
-    """At `level` requests in flight (`concurrent_tps@<level>`), else the first level measured."""
+def score(m: Measurement, level: int | None = None, request_class: str | None = None) -> float:
+    """At `level` requests in flight (`concurrent_tps@<level>`), else the first level measured;
+    `concurrent_tps:<class>`: that class's share of the first level's rate."""
+    if request_class is not None:
+        figures = m.by_class.get(request_class)
+        if figures is None or figures.concurrent_tps is None:
+            raise MeasureError(f"the measurement has no concurrent figure for request class {request_class!r}")
+        return figures.concurrent_tps
     return m.concurrent_tps_by_level[level] if level is not None else m.concurrent_tps

@@ -43,6 +43,7 @@ import time
 import traceback
 
 from . import failures
+from .capture_log import capture_lines
 from . import model as m
 from .adaptive import BUILT_LOG, AdaptiveSpeculativeParams, graph_states
 from .adaptive import worker_logger as adaptive_logger
@@ -167,100 +168,16 @@ def _run_scheduler(resolved: Resolved, write_fd: int, parent: int, load_scale: f
     _die_with_parent()
     _configure_logging(resolved.raw.get("log_level") or "info", scheduler_process=True)
     log = logging.getLogger("sglang.srt.model_executor.model_runner")
-    profile = resolved.profile
-    spec = resolved.spec
     try:
-        gpu_gib = profile.gpu.total_mib / 1024
-        pre = gpu_gib - profile.gpu.context_mib / 1024
-        log.info("Init torch distributed begin.")
-        time.sleep(1.5 * load_scale)
-        log.info(f"Init torch distributed ends. elapsed={1.5 * load_scale:.2f} s, mem usage={profile.gpu.context_mib / 1024:.2f} GB")
-        log.info(f"Load weight begin. avail mem={pre:.2f} GB")
-        time.sleep(profile.load_s * load_scale)
-        plan_error: Exception | None = None
-        try:
-            plan = plan_memory(resolved)
-        except m.MemoryFailure as failure:
-            plan, plan_error = None, failure
-        weights = m._per_gpu(profile.memory.weights_gib, profile, resolved.tp)
-        log.info(
-            f"Load weight end. elapsed={profile.load_s * load_scale:.2f} s, type={profile.architecture}, "
-            f"avail mem={pre - weights:.2f} GB, mem usage={weights:.2f} GB."
-        )
-        if spec.enabled and spec.algorithm != "NGRAM":
-            draft = m._per_gpu(profile.memory.draft_weights_gib, profile, resolved.tp)
-            time.sleep(0.1 * profile.load_s * load_scale)
-            draft_arch = profile.architecture.replace("ForConditionalGeneration", "ForCausalLM") + ("MTP" if profile.draft_is_target else "Eagle3")
-            log.info(
-                f"Load weight end. elapsed={0.1 * profile.load_s * load_scale:.2f} s, type={draft_arch}, "
-                f"avail mem={pre - weights - draft:.2f} GB, mem usage={draft:.2f} GB."
-            )
-        if resolved.draft_missing_error:
-            raise TypeError(resolved.draft_missing_error)
-        if plan_error is not None and plan_error.phase == "kv":
-            exc_type = RuntimeError if plan_error.exc_type == "RuntimeError" else ValueError
-            raise exc_type(plan_error.message)
-        for warning in plan.warnings if plan else ():
-            logging.getLogger("sglang.srt.mem_cache").warning(warning)
-        if plan is not None:
-            if profile.hybrid:
-                log.info(
-                    f"Mamba Cache is allocated. max_mamba_cache_size: {plan.max_mamba_cache_size}, "
-                    f"conv_state size: {plan.mamba_gib * 0.1:.2f}GB, ssm_state size: {plan.mamba_gib * 0.9:.2f}GB "
-                )
-            half = plan.kv_gib / 2
-            log.info(
-                f"KV Cache is allocated. dtype: torch.bfloat16, #tokens: {plan.max_total_num_tokens}, "
-                f"K size: {half:.2f} GB, V size: {half:.2f} GB"
-            )
-            log.info(f"Memory pool end. avail mem={plan.slack_gib:.2f} GB")
-        avail = plan.slack_gib if plan else (pre * (1 - resolved.mem_fraction_static))
-        role = "target"
-        kind = "verify" if spec.enabled else "decode"
-        tokens_per_req = spec.tokens_per_request
-        log.info(
-            f"Capture {role} {kind} CUDA graph begin. backend=full, num_tokens_per_req={tokens_per_req}, "
-            f"avail mem={avail:.2f} GB"
-        )
-        time.sleep(profile.graph_capture_s * load_scale)
-        if spec.enabled and spec.topk > 1 and spec.draft_tokens - 1 > m.tree_pool_size(spec.steps, spec.topk):
-            # organize_draft_results: torch.topk(score_list, num_draft_token - 1) over a pool of
-            # topk + (steps - 1) * topk^2 candidates.
-            raise Exception(f"Capture cuda graph failed: selected index k out of range\n{failures.CUDA_GRAPH_CAPTURE_FAILED_MSG}")
-        if plan_error is not None:
-            oom = failures.graph_oom(plan_error, tp=resolved.tp, version=resolved.version, gpu_gib=gpu_gib)
-            if oom.runner in ("draft_decode", "draft_extend"):
-                graph_total = plan_error.graphs.get("target_verify", 0.0)
-                log.info(
-                    f"Capture target {kind} CUDA graph end. elapsed={profile.graph_capture_s * load_scale:.2f} s, "
-                    f"mem usage={graph_total:.2f} GB, avail mem={avail - graph_total:.2f} GB."
-                )
-                stage = "draft decode" if oom.runner == "draft_decode" else "draft extend"
-                log.info(f"Capture {stage} CUDA graph begin. backend=full, num_tokens_per_req={spec.topk}, avail mem={avail - graph_total:.2f} GB")
-            if oom.wording == "prefill":
-                raise RuntimeError(oom.message)
-            raise Exception(oom.message)
-        assert plan is not None
-        graph_total = sum(plan.graph_gib.values())
-        log.info(
-            f"Capture {role} {kind} CUDA graph end. bs={list(plan.capture_bs)}, elapsed={profile.graph_capture_s * load_scale:.2f} s, "
-            f"mem usage={plan.graph_gib.get('target_verify', plan.graph_gib.get('decode', 0.0)):.2f} GB, avail mem={avail - graph_total:.2f} GB."
-        )
-        if spec.enabled and spec.steps > 1 and spec.algorithm != "NGRAM":
-            log.info(
-                f"Capture draft decode CUDA graph begin. backend=full, num_tokens_per_req={spec.topk}, "
-                f"bs={list(plan.capture_bs)}, avail mem={avail - graph_total:.2f} GB"
-            )
-            log.info(
-                f"Capture draft decode CUDA graph end. elapsed={0.3 * profile.graph_capture_s * load_scale:.2f} s, "
-                f"mem usage={plan.graph_gib.get('draft_decode', 0.0):.2f} GB, avail mem={avail - graph_total:.2f} GB."
-            )
+        plan, plan_error = _load_weights(resolved, log, load_scale)
+        avail = _allocate_pools(resolved, log, plan, plan_error)
+        plan, graph_total = _capture_graphs(resolved, log, plan, plan_error, avail, load_scale)
         if resolved.adaptive and resolved.adaptive_table is not None:
             _log_adaptive_states(resolved, plan, avail - graph_total, load_scale)
         sched_logger.info(
             f"max_total_num_tokens={plan.max_total_num_tokens}, chunked_prefill_size={resolved.chunked_prefill_size}, "
             f"max_prefill_tokens={resolved.raw.get('max_prefill_tokens') or 16384}, "
-            f"max_running_requests={plan.max_running_requests}, context_len={resolved.raw.get('context_length') or profile.context_len}, "
+            f"max_running_requests={plan.max_running_requests}, context_len={resolved.raw.get('context_length') or resolved.profile.context_len}, "
             f"available_gpu_mem={plan.available_after_capture_gib:.2f} GB"
         )
         os.write(write_fd, b"ok\n")
@@ -270,6 +187,103 @@ def _run_scheduler(resolved: Resolved, write_fd: int, parent: int, load_scale: f
     # The scheduler's event loop: idle until the launcher kills the tree or dies.
     while True:
         time.sleep(3600)
+
+
+def _load_weights(resolved: Resolved, log: logging.Logger, load_scale: float) -> tuple[m.MemoryPlan | None, Exception | None]:
+    """Distributed init and the weights (target, then draft), logged as model_runner.py does;
+    the memory plan (or why it fails) is worked out while they load."""
+    profile = resolved.profile
+    spec = resolved.spec
+    pre = profile.gpu.total_mib / 1024 - profile.gpu.context_mib / 1024
+    log.info("Init torch distributed begin.")
+    time.sleep(1.5 * load_scale)
+    log.info(f"Init torch distributed ends. elapsed={1.5 * load_scale:.2f} s, mem usage={profile.gpu.context_mib / 1024:.2f} GB")
+    log.info(f"Load weight begin. avail mem={pre:.2f} GB")
+    time.sleep(profile.load_s * load_scale)
+    plan_error: Exception | None = None
+    try:
+        plan = plan_memory(resolved)
+    except m.MemoryFailure as failure:
+        plan, plan_error = None, failure
+    weights = m._per_gpu(profile.memory.weights_gib, profile, resolved.tp)
+    log.info(
+        f"Load weight end. elapsed={profile.load_s * load_scale:.2f} s, type={profile.architecture}, "
+        f"avail mem={pre - weights:.2f} GB, mem usage={weights:.2f} GB."
+    )
+    if spec.enabled and spec.algorithm != "NGRAM":
+        draft = m._per_gpu(profile.memory.draft_weights_gib, profile, resolved.tp)
+        time.sleep(0.1 * profile.load_s * load_scale)
+        draft_arch = profile.architecture.replace("ForConditionalGeneration", "ForCausalLM") + ("MTP" if profile.draft_is_target else "Eagle3")
+        log.info(
+            f"Load weight end. elapsed={0.1 * profile.load_s * load_scale:.2f} s, type={draft_arch}, "
+            f"avail mem={pre - weights - draft:.2f} GB, mem usage={draft:.2f} GB."
+        )
+    return plan, plan_error
+
+
+def _allocate_pools(resolved: Resolved, log: logging.Logger, plan: m.MemoryPlan | None, plan_error: Exception | None) -> float:
+    """The KV (and Mamba) pools, or the exception SGLang raises sizing them; the GiB left."""
+    profile = resolved.profile
+    pre = profile.gpu.total_mib / 1024 - profile.gpu.context_mib / 1024
+    if resolved.draft_missing_error:
+        raise TypeError(resolved.draft_missing_error)
+    if plan_error is not None and plan_error.phase == "kv":
+        exc_type = RuntimeError if plan_error.exc_type == "RuntimeError" else ValueError
+        raise exc_type(plan_error.message)
+    for warning in plan.warnings if plan else ():
+        logging.getLogger("sglang.srt.mem_cache").warning(warning)
+    if plan is not None:
+        if profile.hybrid:
+            log.info(
+                f"Mamba Cache is allocated. max_mamba_cache_size: {plan.max_mamba_cache_size}, "
+                f"conv_state size: {plan.mamba_gib * 0.1:.2f}GB, ssm_state size: {plan.mamba_gib * 0.9:.2f}GB "
+            )
+        half = plan.kv_gib / 2
+        log.info(
+            f"KV Cache is allocated. dtype: torch.bfloat16, #tokens: {plan.max_total_num_tokens}, "
+            f"K size: {half:.2f} GB, V size: {half:.2f} GB"
+        )
+        log.info(f"Memory pool end. avail mem={plan.slack_gib:.2f} GB")
+    # Free memory before the first graph: what the KV pool and activations left (the capture
+    # log's "avail mem"; after the last graph it is startup_available).
+    if plan is not None:
+        return plan.available_after_capture_gib + sum(plan.graph_gib.values())
+    if plan_error is not None and plan_error.phase == "graph":
+        return plan_error.avail_gib
+    return pre * (1 - resolved.mem_fraction_static)
+
+
+def _capture_graphs(resolved: Resolved, log: logging.Logger, plan: m.MemoryPlan | None, plan_error: Exception | None,
+                    avail: float, load_scale: float) -> tuple[m.MemoryPlan, float]:
+    """CUDA graph capture (target verify/decode, then the draft's), runner by runner in SGLang's
+    wording (capture_log.py), or its failure; the plan and the graphs' GiB."""
+    spec = resolved.spec
+    elapsed = resolved.profile.graph_capture_s * load_scale
+    time.sleep(elapsed)
+    if spec.enabled and spec.topk > 1 and spec.draft_tokens - 1 > m.tree_pool_size(spec.steps, spec.topk):
+        # organize_draft_results: torch.topk(score_list, num_draft_token - 1) over a pool of
+        # topk + (steps - 1) * topk^2 candidates.
+        log.info(capture_lines(spec, {}, (), avail, failed_runner="target_verify", version=resolved.version, elapsed_s=elapsed)[-1])
+        raise Exception(f"Capture cuda graph failed: selected index k out of range\n{failures.CUDA_GRAPH_CAPTURE_FAILED_MSG}")
+    if plan_error is not None:
+        _raise_graph_oom(resolved, log, plan_error, avail, elapsed)
+    assert plan is not None
+    for line in capture_lines(spec, plan.graph_gib, plan.capture_bs, avail, failed_runner=None, version=resolved.version, elapsed_s=elapsed):
+        log.info(line)
+    return plan, sum(plan.graph_gib.values())
+
+
+def _raise_graph_oom(resolved: Resolved, log: logging.Logger, plan_error, avail: float, elapsed: float) -> None:
+    """A capture that runs out of memory, in the runner and wording SGLang's would (failures.py):
+    the runners captured before it, its begin line, then the exception."""
+    spec = resolved.spec
+    oom = failures.graph_oom(plan_error, tp=resolved.tp, version=resolved.version, gpu_gib=resolved.profile.gpu.total_mib / 1024)
+    runner = oom.runner if oom.runner in ("draft_decode", "draft_extend") else ("target_verify" if spec.enabled else "decode")
+    for line in capture_lines(spec, plan_error.graphs, (), avail, failed_runner=runner, version=resolved.version, elapsed_s=elapsed):
+        log.info(line)
+    if oom.wording == "prefill":
+        raise RuntimeError(oom.message)
+    raise Exception(oom.message)
 
 
 def _log_adaptive_states(resolved: Resolved, plan: m.MemoryPlan, avail: float, load_scale: float) -> None:

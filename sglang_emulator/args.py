@@ -243,6 +243,18 @@ def default_attention_backend(profile: Profile, topk: int | None, page_size: int
     return "flashinfer"
 
 
+@dataclass
+class _Speculation:
+    """What the speculative hook resolved: the shape, adaptive mode, the running-request cap."""
+
+    spec: SpecShape
+    running: int | None
+    adaptive: bool = False
+    adaptive_max: int = 0
+    adaptive_table: AdaptiveTable | None = None
+    draft_error: str | None = None
+
+
 def resolve(ns: argparse.Namespace, profile: Profile) -> Resolved:
     """Resolve like 0.5.23 (or 0.5.9): raise the same exceptions, log the same warnings."""
     raw = vars(ns).copy()
@@ -253,8 +265,41 @@ def resolve(ns: argparse.Namespace, profile: Profile) -> Resolved:
         raise ValueError(f"tp_size must be a positive integer, got {tp}")
     dp = dp or 1
     dp_attention = bool(getattr(ns, "enable_dp_attention", False)) and dp > 1
+    chunked, max_bs, mfs = _memory_settings(ns, profile, tp, old)
+    page_size = ns.page_size or 1
+    sp = _speculation(ns, profile, warnings, old, page_size)
 
-    # memory_hook.handle_gpu_memory_settings
+    # overrides.py · _attention_backend_default, after the speculative hook resolved topk.
+    backend = ns.attention_backend
+    if backend is None:
+        backend = default_attention_backend(profile, sp.spec.topk if sp.spec.enabled else None, page_size)
+        logger.info(f"Attention backend not specified. Use {backend} backend by default.")
+
+    return Resolved(
+        raw=raw,
+        profile=profile,
+        tp=tp,
+        dp=dp,
+        spec=sp.spec,
+        mem_fraction_static=mfs,
+        max_running_requests=sp.running,
+        chunked_prefill_size=chunked,
+        cuda_graph_max_bs=max_bs,
+        page_size=page_size,
+        attention_backend_set=ns.attention_backend is not None,
+        adaptive=sp.adaptive,
+        adaptive_max_steps=sp.adaptive_max,
+        adaptive_table=sp.adaptive_table,
+        draft_missing_error=sp.draft_error,
+        warnings=warnings,
+        attention_backend=backend,
+        dp_attention=dp_attention,
+        version=emulated_version(),
+    )
+
+
+def _memory_settings(ns: argparse.Namespace, profile: Profile, tp: int, old: bool) -> tuple[int, int, float]:
+    """memory_hook.handle_gpu_memory_settings: chunked prefill, the decode graph batch, the fraction."""
     default_chunk, default_max_bs = default_graph_settings(profile.gpu.total_mib, tp)
     chunked = ns.chunked_prefill_size if ns.chunked_prefill_size is not None else default_chunk
     max_bs = getattr(ns, "cuda_graph_max_bs_decode", None) if not old else getattr(ns, "cuda_graph_max_bs", None)
@@ -267,170 +312,164 @@ def resolve(ns: argparse.Namespace, profile: Profile) -> Resolved:
         mfs = default_mem_fraction_static(
             gpu_mib=profile.gpu.total_mib, tp=tp, chunked_prefill_size=chunked, decode_max_bs=max_bs
         )
+    return chunked, max_bs, mfs
 
+
+def _speculation(ns: argparse.Namespace, profile: Profile, warnings: list[str], old: bool, page_size: int) -> _Speculation:
+    """speculative_hook.handle_speculative_decoding: the algorithm's family handler."""
     running = ns.max_running_requests
-    page_size = ns.page_size or 1
-    spec = SpecShape(None, 0, 0, 0)
-    adaptive = False
-    adaptive_max = 0
-    adaptive_table: AdaptiveTable | None = None
-    draft_error = None
-
     algorithm = ns.speculative_algorithm
-    if algorithm is not None:
-        algorithm = _ALIASES.get(algorithm.upper(), algorithm.upper())
-        if algorithm not in _KNOWN:
-            raise ValueError(f"Unknown speculative algorithm name: {ns.speculative_algorithm}")
-        if algorithm not in _EAGLE_FAMILY + ("NGRAM", "DFLASH", "DSPARK"):
-            raise NotImplementedError(
-                f"sglang emulator: speculative algorithm {algorithm} is not emulated; "
-                "use EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM, DFLASH or DSPARK"
-            )
-        if running is None:
-            running = 48
-            _warn(
-                warnings,
-                "Max running requests is reset to 48 for speculative decoding. You can override "
-                "this by explicitly setting --max-running-requests.",
-            )
-        steps, topk, draft = (
-            ns.speculative_num_steps,
-            ns.speculative_eagle_topk,
-            ns.speculative_num_draft_tokens,
+    if algorithm is None:
+        return _Speculation(SpecShape(None, 0, 0, 0), running)
+    algorithm = _ALIASES.get(algorithm.upper(), algorithm.upper())
+    if algorithm not in _KNOWN:
+        raise ValueError(f"Unknown speculative algorithm name: {ns.speculative_algorithm}")
+    if algorithm not in _EAGLE_FAMILY + ("NGRAM", "DFLASH", "DSPARK"):
+        raise NotImplementedError(
+            f"sglang emulator: speculative algorithm {algorithm} is not emulated; "
+            "use EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM, DFLASH or DSPARK"
         )
-        if algorithm == "NGRAM":
-            # speculative_hook.py · _handle_ngram: topk is always the BFS breadth.
-            topk = ns.speculative_ngram_max_bfs_breadth
-            if old and topk > 1 and page_size > 1 and ns.attention_backend != "flashinfer":
-                raise ValueError(
-                    f"speculative_eagle_topk({topk}) > 1 with page_size({page_size}) > 1 is unstable "
-                    "and produces incorrect results for paged attention backends. This combination "
-                    "is only supported for the 'flashinfer' backend."
-                )
-            if draft is None:
-                draft = 12
-                _warn(
-                    warnings,
-                    "speculative_num_draft_tokens is set to 12 by default for ngram speculative "
-                    "decoding. You can override this by explicitly setting "
-                    "--speculative-num-draft-tokens.",
-                )
-            if steps is None:
-                steps = draft // topk
-            spec = SpecShape(algorithm, max(steps, 1), topk, draft)
-            if getattr(ns, "speculative_adaptive", False):
-                # handle_speculative_decoding runs _maybe_disable_adaptive for every algorithm.
-                reason = adaptive_unsupported_reason(algorithm=algorithm, topk=topk)
-                _warn(warnings, DISABLED_LOG.format(reason=reason), hook_logger)
-        elif algorithm in ("DFLASH", "DSPARK"):
-            # speculative_hook.py · _handle_dflash / _handle_dspark: steps and topk forced to 1.
-            name = "DFLASH" if algorithm == "DFLASH" else "DSpark"
-            if algorithm == "DFLASH" and ns.speculative_draft_model_path is None:
-                raise ValueError(
-                    "DFLASH speculative decoding requires setting --speculative-draft-model-path."
-                )
-            for field_name, value in (("speculative_num_steps", steps), ("speculative_eagle_topk", topk)):
-                if value is not None and int(value) != 1:
-                    _warn(warnings, f"{name} only supports {field_name} == 1; overriding {field_name}={value} to 1.")
-            block = getattr(ns, "speculative_dflash_block_size", None)
-            if draft is None:
-                draft = int(block) if block else 16
-                _warn(warnings, f"speculative_num_draft_tokens is not set; defaulting to {draft} for {algorithm}.")
-            spec = SpecShape(algorithm, 1, 1, draft)
-            if getattr(ns, "speculative_adaptive", False):
-                # handle_speculative_decoding runs _maybe_disable_adaptive for every algorithm.
-                reason = adaptive_unsupported_reason(algorithm=algorithm, topk=topk)
-                _warn(warnings, DISABLED_LOG.format(reason=reason), hook_logger)
-        else:
-            if algorithm == "STANDALONE" and getattr(ns, "enable_dp_attention", False):
-                raise ValueError(
-                    "Currently standalone speculative decoding does not support dp attention."
-                )
-            if old and os.environ.get("SGLANG_ENABLE_SPEC_V2", "").lower() in ("1", "true"):
-                # 0.5.9 server_args.py · _handle_speculative_decoding
-                if topk is not None and topk > 1:
-                    raise ValueError("Spec v2 currently only supports topk = 1 for speculative decoding.")
-            if getattr(ns, "speculative_adaptive", False):
-                # speculative_hook.handle_speculative_decoding: after the family handler (which
-                # skipped the auto shape because adaptive was on), _maybe_disable_adaptive may
-                # fall back silently, else _init_adaptive_speculative_params loads the config.
-                reason = adaptive_unsupported_reason(
-                    algorithm=algorithm,
-                    topk=topk,
-                    enable_dp_attention=bool(ns.enable_dp_attention),
-                    enable_multi_layer_eagle=bool(getattr(ns, "enable_multi_layer_eagle", False)),
-                    enable_two_batch_overlap=bool(getattr(ns, "enable_two_batch_overlap", False)),
-                    enable_pdmux=bool(getattr(ns, "enable_pdmux", False)),
-                )
-                if reason is not None:
-                    _warn(warnings, DISABLED_LOG.format(reason=reason), hook_logger)
-                else:
-                    adaptive_table = load_adaptive_config(ns.speculative_adaptive_config)
-                    adaptive = True
-                    steps = resolve_adaptive_steps(adaptive_table, steps)
-                    topk, draft = 1, steps + 1
-                    adaptive_max = max(adaptive_table.candidate_steps)
-            if not adaptive and steps is None:
-                assert topk is None and draft is None
-                steps, topk, draft = (3, 1, 4) if algorithm == "STANDALONE" else auto_speculative_params(profile.architecture)
-            if ns.attention_backend == "trtllm_mha" and topk > 1:
-                raise ValueError("trtllm_mha backend only supports topk = 1 for speculative decoding.")
-            if topk == 1 and draft != steps + 1:
-                _warn(
-                    warnings,
-                    "speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when "
-                    "speculative_eagle_topk == 1",
-                )
-                draft = steps + 1
-            if old:
-                if topk > 1 and page_size > 1 and ns.attention_backend not in ("flashinfer", "fa3"):
-                    raise ValueError(
-                        "speculative_eagle_topk > 1 with page_size > 1 is unstable and produces "
-                        "incorrect results for paged attention backends. This combination is only "
-                        "supported for the 'flashinfer' backend."
-                    )
-            else:
-                backends = ("flashinfer", "fa3", "triton")
-                if topk > 1 and page_size > 1 and ns.attention_backend not in backends:
-                    raise ValueError(
-                        f"speculative_eagle_topk > 1 with page_size > 1 is only supported on "
-                        f"{backends}; got attention_backend={ns.attention_backend!r}. Use "
-                        "page_size == 1 or one of those backends."
-                    )
-            if draft is None:
-                # Resolution lets topk > 1 without draft tokens through; the scheduler's pool
-                # sizing is where it breaks.
-                draft_error = "unsupported operand type(s) for *: 'int' and 'NoneType'"
-                draft = 0
-            spec = SpecShape(algorithm, steps, topk, draft)
+    if running is None:
+        running = 48
+        _warn(
+            warnings,
+            "Max running requests is reset to 48 for speculative decoding. You can override "
+            "this by explicitly setting --max-running-requests.",
+        )
+    if algorithm == "NGRAM":
+        return _Speculation(_ngram(ns, warnings, old, page_size), running)
+    if algorithm in ("DFLASH", "DSPARK"):
+        return _Speculation(_dflash(ns, warnings, algorithm), running)
+    sp = _eagle(ns, profile, warnings, old, page_size, algorithm)
+    sp.running = running
+    return sp
 
-    # overrides.py · _attention_backend_default, after the speculative hook resolved topk.
-    backend = ns.attention_backend
-    if backend is None:
-        backend = default_attention_backend(profile, spec.topk if spec.enabled else None, page_size)
-        logger.info(f"Attention backend not specified. Use {backend} backend by default.")
 
-    return Resolved(
-        raw=raw,
-        profile=profile,
-        tp=tp,
-        dp=dp,
-        spec=spec,
-        mem_fraction_static=mfs,
-        max_running_requests=running,
-        chunked_prefill_size=chunked,
-        cuda_graph_max_bs=max_bs,
-        page_size=page_size,
-        attention_backend_set=ns.attention_backend is not None,
-        adaptive=adaptive,
-        adaptive_max_steps=adaptive_max,
-        adaptive_table=adaptive_table,
-        draft_missing_error=draft_error,
-        warnings=warnings,
-        attention_backend=backend,
-        dp_attention=dp_attention,
-        version=emulated_version(),
+def _ngram(ns: argparse.Namespace, warnings: list[str], old: bool, page_size: int) -> SpecShape:
+    """speculative_hook.py · _handle_ngram: topk is always the BFS breadth."""
+    steps, draft = ns.speculative_num_steps, ns.speculative_num_draft_tokens
+    topk = ns.speculative_ngram_max_bfs_breadth
+    if old and topk > 1 and page_size > 1 and ns.attention_backend != "flashinfer":
+        raise ValueError(
+            f"speculative_eagle_topk({topk}) > 1 with page_size({page_size}) > 1 is unstable "
+            "and produces incorrect results for paged attention backends. This combination "
+            "is only supported for the 'flashinfer' backend."
+        )
+    if draft is None:
+        draft = 12
+        _warn(
+            warnings,
+            "speculative_num_draft_tokens is set to 12 by default for ngram speculative "
+            "decoding. You can override this by explicitly setting "
+            "--speculative-num-draft-tokens.",
+        )
+    if steps is None:
+        steps = draft // topk
+    if getattr(ns, "speculative_adaptive", False):
+        # handle_speculative_decoding runs _maybe_disable_adaptive for every algorithm.
+        reason = adaptive_unsupported_reason(algorithm="NGRAM", topk=topk)
+        _warn(warnings, DISABLED_LOG.format(reason=reason), hook_logger)
+    return SpecShape("NGRAM", max(steps, 1), topk, draft)
+
+
+def _dflash(ns: argparse.Namespace, warnings: list[str], algorithm: str) -> SpecShape:
+    """speculative_hook.py · _handle_dflash / _handle_dspark: steps and topk forced to 1."""
+    steps, topk, draft = ns.speculative_num_steps, ns.speculative_eagle_topk, ns.speculative_num_draft_tokens
+    name = "DFLASH" if algorithm == "DFLASH" else "DSpark"
+    if algorithm == "DFLASH" and ns.speculative_draft_model_path is None:
+        raise ValueError(
+            "DFLASH speculative decoding requires setting --speculative-draft-model-path."
+        )
+    for field_name, value in (("speculative_num_steps", steps), ("speculative_eagle_topk", topk)):
+        if value is not None and int(value) != 1:
+            _warn(warnings, f"{name} only supports {field_name} == 1; overriding {field_name}={value} to 1.")
+    block = getattr(ns, "speculative_dflash_block_size", None)
+    if draft is None:
+        draft = int(block) if block else 16
+        _warn(warnings, f"speculative_num_draft_tokens is not set; defaulting to {draft} for {algorithm}.")
+    if getattr(ns, "speculative_adaptive", False):
+        # handle_speculative_decoding runs _maybe_disable_adaptive for every algorithm.
+        reason = adaptive_unsupported_reason(algorithm=algorithm, topk=topk)
+        _warn(warnings, DISABLED_LOG.format(reason=reason), hook_logger)
+    return SpecShape(algorithm, 1, 1, draft)
+
+
+def _eagle(ns: argparse.Namespace, profile: Profile, warnings: list[str], old: bool, page_size: int, algorithm: str) -> _Speculation:
+    """The EAGLE family (EAGLE, EAGLE3, NEXTN, STANDALONE): adaptive mode, the auto shape,
+    topk 1 forcing draft = steps + 1, the paged-attention rules."""
+    steps, topk, draft = ns.speculative_num_steps, ns.speculative_eagle_topk, ns.speculative_num_draft_tokens
+    if algorithm == "STANDALONE" and getattr(ns, "enable_dp_attention", False):
+        raise ValueError(
+            "Currently standalone speculative decoding does not support dp attention."
+        )
+    if old and os.environ.get("SGLANG_ENABLE_SPEC_V2", "").lower() in ("1", "true"):
+        # 0.5.9 server_args.py · _handle_speculative_decoding
+        if topk is not None and topk > 1:
+            raise ValueError("Spec v2 currently only supports topk = 1 for speculative decoding.")
+    out = _Speculation(SpecShape(None, 0, 0, 0), None)
+    if getattr(ns, "speculative_adaptive", False):
+        steps, topk, draft = _adaptive(ns, warnings, algorithm, out, steps, topk, draft)
+    if not out.adaptive and steps is None:
+        assert topk is None and draft is None
+        steps, topk, draft = (3, 1, 4) if algorithm == "STANDALONE" else auto_speculative_params(profile.architecture)
+    if ns.attention_backend == "trtllm_mha" and topk > 1:
+        raise ValueError("trtllm_mha backend only supports topk = 1 for speculative decoding.")
+    if topk == 1 and draft != steps + 1:
+        _warn(
+            warnings,
+            "speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when "
+            "speculative_eagle_topk == 1",
+        )
+        draft = steps + 1
+    _check_paged_tree(ns, old, page_size, topk)
+    if draft is None:
+        # Resolution lets topk > 1 without draft tokens through; the scheduler's pool
+        # sizing is where it breaks.
+        out.draft_error = "unsupported operand type(s) for *: 'int' and 'NoneType'"
+        draft = 0
+    out.spec = SpecShape(algorithm, steps, topk, draft)
+    return out
+
+
+def _adaptive(ns: argparse.Namespace, warnings: list[str], algorithm: str, out: _Speculation, steps, topk, draft):
+    """speculative_hook.handle_speculative_decoding: after the family handler (which skipped the
+    auto shape because adaptive was on), _maybe_disable_adaptive may fall back silently, else
+    _init_adaptive_speculative_params loads the config.  Sets `out`'s adaptive fields."""
+    reason = adaptive_unsupported_reason(
+        algorithm=algorithm,
+        topk=topk,
+        enable_dp_attention=bool(ns.enable_dp_attention),
+        enable_multi_layer_eagle=bool(getattr(ns, "enable_multi_layer_eagle", False)),
+        enable_two_batch_overlap=bool(getattr(ns, "enable_two_batch_overlap", False)),
+        enable_pdmux=bool(getattr(ns, "enable_pdmux", False)),
     )
+    if reason is not None:
+        _warn(warnings, DISABLED_LOG.format(reason=reason), hook_logger)
+        return steps, topk, draft
+    out.adaptive_table = load_adaptive_config(ns.speculative_adaptive_config)
+    out.adaptive = True
+    steps = resolve_adaptive_steps(out.adaptive_table, steps)
+    out.adaptive_max = max(out.adaptive_table.candidate_steps)
+    return steps, 1, steps + 1
+
+
+def _check_paged_tree(ns: argparse.Namespace, old: bool, page_size: int, topk: int) -> None:
+    """A tree (topk > 1) over pages larger than one token: only some backends handle it."""
+    if old:
+        if topk > 1 and page_size > 1 and ns.attention_backend not in ("flashinfer", "fa3"):
+            raise ValueError(
+                "speculative_eagle_topk > 1 with page_size > 1 is unstable and produces "
+                "incorrect results for paged attention backends. This combination is only "
+                "supported for the 'flashinfer' backend."
+            )
+        return
+    backends = ("flashinfer", "fa3", "triton")
+    if topk > 1 and page_size > 1 and ns.attention_backend not in backends:
+        raise ValueError(
+            f"speculative_eagle_topk > 1 with page_size > 1 is only supported on "
+            f"{backends}; got attention_backend={ns.attention_backend!r}. Use "
+            "page_size == 1 or one of those backends."
+        )
 
 
 def auto_speculative_params(architecture: str) -> tuple[int, int, int]:

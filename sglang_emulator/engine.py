@@ -108,23 +108,19 @@ def thinking_length(prompt: str) -> int:
     return int(min(max(rng.lognormvariate(math.log(600), 0.5), 120), 6000))
 
 
-def _prompt_traits(prompt: str, spread: float) -> tuple[float, int, random.Random]:
+def _prompt_traits(prompt: str, acc: m.Acceptance, prompt_tokens: int) -> tuple[float, int, random.Random]:
     """Per-prompt predictability shift, natural answer length and a seeded RNG.
 
-    Code and quoted material are easier to draft (copying), creative writing harder; the rest
-    of the variation is a deterministic draw from the prompt's hash, so the same prompt behaves
-    the same way on every server.
+    The shift is the profile's: by the kind of text asked for (code and quoted material are
+    easier to draft, creative writing harder: `Acceptance.category_shifts`) and by the context
+    the answer is drafted over (`Acceptance.context_decay`); the rest of the variation is a
+    deterministic draw from the prompt's hash, so the same prompt behaves the same way on
+    every server.
     """
     digest = hashlib.sha256(prompt.encode("utf-8", "replace")).digest()
     rng = random.Random(int.from_bytes(digest[:8], "big"))
-    shift = rng.gauss(0.0, spread)
-    lowered = prompt.lower()
-    if any(s in lowered for s in ("def ", "```", "function", "select ", "class ", "#include", "=>")):
-        shift += 0.5
-    if any(s in lowered for s in ("summar", "tl;dr", "extract", "according to the")):
-        shift += 0.3
-    if any(s in lowered for s in ("story", "poem", "imagine", "creative", "haiku")):
-        shift -= 0.4
+    shift = rng.gauss(0.0, acc.prompt_spread)
+    shift += m.category_shift(acc, m.prompt_category(prompt)) + m.context_shift(acc, prompt_tokens)
     median = 180 if len(prompt) < 400 else 320
     natural = int(min(max(rng.lognormvariate(math.log(median), 0.6), 8), 4000))
     return shift, natural, rng
@@ -299,7 +295,7 @@ class Engine:
         return admitted
 
     def _prepare(self, req: Request) -> None:
-        shift, natural, rng = _prompt_traits(req.prompt, self.profile.acceptance.prompt_spread)
+        shift, natural, rng = _prompt_traits(req.prompt, self.profile.acceptance, req.prompt_tokens)
         req.prompt_shift, req.natural_len = shift, natural
         if req.thinking:
             req.think_len = thinking_length(req.prompt)

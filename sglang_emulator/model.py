@@ -35,6 +35,11 @@ __all__ = [
     "size_memory",
     "forward_ms",
     "draft_step_ms",
+    "attention_ms",
+    "draft_attention_ms",
+    "context_shift",
+    "prompt_category",
+    "category_shift",
     "step_ms",
     "prefill_ms",
     "depth_acceptance",
@@ -50,7 +55,7 @@ GiB = float(1 << 30)
 MiB = float(1 << 20)
 
 # --- The physical anchor: forward times of an 8B-shaped decoder on one H200 -------------------
-# ../shared/notes/h200-forward-times.md, "Linear layers only": ms per forward by tokens in the
+# docs/h200-forward-times.md, "Linear layers only": ms per forward by tokens in the
 # forward (B x d).  Where several (B, d) share a token count the table agrees within 2%; we keep
 # their mean.  Every profile's target forward is this curve, scaled (see `forward_ms`).
 _H200_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
@@ -140,6 +145,10 @@ class Timing:
     iteration_overhead_ms: float = 0.35  # sampling, verify bookkeeping, scheduler
     tree_overhead_ms: float = 0.15  # tree mask + candidate selection when topk > 1
     flashinfer_penalty: float = 1.0  # attention slowdown when topk > 1 moves Hopper off FA3
+    # The KV read of a multi-token query (verify over draft tokens) over the one-token decode
+    # path's: 1.0 when the kernel reads the KV once for all query tokens, more when its
+    # multi-query path is slower (docs/h200-forward-times.md, "Attention over the KV cache").
+    verify_attn_factor: float = 1.0
     prefill_fixed_ms: float = 5.0
     prefill_ms_per_token: float = 0.027
 
@@ -167,6 +176,13 @@ class Acceptance:
     degenerate: float  # top-1 acceptance on the repetitive text that follows a natural EOS
     temperature_slope: float  # q(T) = q(0) ** (1 + slope * T_eff)
     prompt_spread: float  # std-dev of the per-prompt shift in logit(q)
+    # Acceptance falls as the context grows: logit(q) drops by `context_decay` per doubling of
+    # the request's context past `context_ref_tokens` (`context_shift`).
+    context_decay: float = 0.0
+    context_ref_tokens: int = 1024
+    # Shifts of logit(q) by the kind of text asked for (`prompt_category` reads it off the
+    # prompt, as a draft model "sees" it): ((category, shift), ...); a category not listed: 0.
+    category_shifts: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -191,6 +207,11 @@ class MemoryModel:
     # context_len x (int32 kv_indices + uint8 custom mask) for the target verify graph and
     # context_len x int32 per (step x topk) for the draft decode graphs.  See `tree_state_gib`.
     flashinfer_tree_state: bool = False
+    # Memory the capture needs beyond the graphs it keeps (allocator fragmentation, library
+    # workspaces, backend scratch), as a share of the card: freed afterwards, so neither the
+    # capture log's "mem usage" nor `memory_usage.startup_available` shows it; only a capture
+    # that fails does (family.py draws it; the calibrated profiles have none).
+    capture_reserve_frac: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -259,13 +280,15 @@ class MemoryPlan:
 class MemoryFailure(Exception):
     """SGLang fails at start-up for memory; `phase` is where ("kv" or "graph")."""
 
-    def __init__(self, phase: str, message: str, exc_type: str = "RuntimeError", graphs: dict[str, float] | None = None, free_gib: float = 0.0):
+    def __init__(self, phase: str, message: str, exc_type: str = "RuntimeError", graphs: dict[str, float] | None = None,
+                 free_gib: float = 0.0, avail_gib: float = 0.0):
         super().__init__(message)
         self.phase = phase
         self.message = message
         self.exc_type = exc_type
         self.graphs = graphs or {}  # graph phase: GiB per graph in capture order
         self.free_gib = free_gib  # graph phase: what the slack left for graphs
+        self.avail_gib = avail_gib  # graph phase: free memory the capture log shows before the first graph
 
 
 def default_graph_settings(gpu_mib: int, tp: int) -> tuple[int, int]:
@@ -461,10 +484,10 @@ def size_memory(
             state = SpecShape(spec.algorithm, steps, 1, steps + 1)
             for name, gib in graph_memory_gib(profile, state, top_bs, fixed=i == 0).items():
                 graphs[name] = graphs.get(name, 0.0) + gib
-    activations = chunked_prefill_size * mem.activation_mib_per_token / 1024
-    free_for_graphs = slack - mem.non_torch_gib - activations
+    free_for_graphs = slack - mem.non_torch_gib - chunked_prefill_size * mem.activation_mib_per_token / 1024
     needed = sum(graphs.values())
-    if needed > free_for_graphs:
+    reserve = mem.capture_reserve_frac * gpu_gib  # needed by the capture, in no figure
+    if needed + reserve > free_for_graphs:
         free = max(free_for_graphs, 0.0)
         largest = max(graphs.values())
         raise MemoryFailure(
@@ -478,8 +501,7 @@ def size_memory(
             "expandable_segments:True to avoid fragmentation.  See documentation for Memory "
             "Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)",
             exc_type="torch.OutOfMemoryError",
-            graphs=graphs,
-            free_gib=free_for_graphs,
+            graphs=graphs, free_gib=free_for_graphs - reserve, avail_gib=free_for_graphs + mem.non_torch_gib,
         )
     return MemoryPlan(
         pre_load_gib=pre_load,
@@ -572,10 +594,21 @@ def forward_ms(profile: Profile, *, batch: int, tokens_per_request: int, tp: int
     return t.fixed_ms + stream * shape
 
 
-def attention_ms(profile: Profile, *, batch: int, context_tokens: int, tree: bool) -> float:
+def attention_ms(profile: Profile, *, batch: int, context_tokens: int, tree: bool, query_tokens: int = 1) -> float:
+    """Target attention over the KV the batch holds (`context_tokens` in all): the KV read at
+    the one-token path's cost, times `verify_attn_factor` for a multi-token (verify) query."""
     t = profile.timing
-    ms = t.attn_fixed_ms + t.attn_ms_per_ktoken * context_tokens / 1024 + t.attn_ms_per_request * batch
+    kv_read = t.attn_ms_per_ktoken * context_tokens / 1024 * (t.verify_attn_factor if query_tokens > 1 else 1.0)
+    ms = t.attn_fixed_ms + kv_read + t.attn_ms_per_request * batch
     return ms * (t.flashinfer_penalty if tree else 1.0)
+
+
+def draft_attention_ms(profile: Profile, *, context_tokens: int, topk: int) -> float:
+    """One draft step's attention over the draft layers' own KV: the target's KV read scaled by
+    the draft's share of layers (`draft_kv_fraction`), once per branch (each of the topk
+    frontier nodes queries the whole prefix)."""
+    t, mem = profile.timing, profile.memory
+    return t.attn_ms_per_ktoken * mem.draft_kv_fraction * context_tokens / 1024 * max(topk, 1)
 
 
 def draft_step_ms(profile: Profile, *, batch: int, topk: int) -> float:
@@ -604,11 +637,13 @@ def step_ms(
     tree = spec.enabled and spec.topk > 1
     ms = forward_ms(profile, batch=batch, tokens_per_request=spec.tokens_per_request, tp=tp)
     ms += attention_ms(
-        profile, batch=batch, context_tokens=context_tokens, tree=tree and not attention_backend_forced
+        profile, batch=batch, context_tokens=context_tokens, tree=tree and not attention_backend_forced,
+        query_tokens=spec.tokens_per_request,
     )
     ms += t.iteration_overhead_ms
     if spec.enabled and spec.algorithm != "NGRAM":
-        ms += spec.steps * draft_step_ms(profile, batch=batch, topk=spec.topk)
+        draft_attn = draft_attention_ms(profile, context_tokens=context_tokens, topk=spec.topk)
+        ms += spec.steps * (draft_step_ms(profile, batch=batch, topk=spec.topk) + draft_attn)
         ms += draft_step_ms(profile, batch=batch, topk=min(spec.draft_tokens, 8))  # draft extend
     if tree:
         ms += t.tree_overhead_ms
@@ -631,6 +666,39 @@ def _logit(p: float) -> float:
 
 def _sigmoid(x: float) -> float:
     return 1 / (1 + math.exp(-x))
+
+
+def context_shift(acc: Acceptance, context_tokens: int) -> float:
+    """The drop of logit(q) at this context length: `context_decay` per doubling past
+    `context_ref_tokens` (profiles.py says where each profile's figure comes from)."""
+    if acc.context_decay <= 0 or context_tokens <= acc.context_ref_tokens:
+        return 0.0
+    return -acc.context_decay * math.log2(context_tokens / acc.context_ref_tokens)
+
+
+# Checked in this order: a question about a document (even one quoting code or logs) is
+# summarisation, not code.
+_CATEGORY_MARKS = (
+    ("summarisation", ("summar", "tl;dr", "extract", "according to the", "based on this", "using only",
+                       "the log above", "below is", "the text above", "the passage")),
+    ("code", ("```", "def ", "function", "select ", "class ", "#include", "=>", "import ", "python", "sql",
+              "script", "typescript", "javascript", "regular expression", "git ", "bash")),
+    ("maths", ("solve", "calculate", "how many", "equation", "probability", "integral", "prove", "compute")),
+    ("creative", ("story", "poem", "imagine", "creative", "haiku")),
+)
+
+
+def prompt_category(prompt: str) -> str:
+    """The kind of text a prompt asks for, read off its words (a server never sees a label)."""
+    lowered = prompt.lower()
+    for category, marks in _CATEGORY_MARKS:
+        if any(mark in lowered for mark in marks):
+            return category
+    return "chat"
+
+
+def category_shift(acc: Acceptance, category: str) -> float:
+    return dict(acc.category_shifts).get(category, 0.0)
 
 
 def depth_acceptance(

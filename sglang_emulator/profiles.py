@@ -17,6 +17,22 @@ from .model import Acceptance, DraftTiming, Gpu, MemoryModel, Profile, Timing
 __all__ = ["PROFILES", "find_profile", "profile_from_dict", "PROFILE_ENV", "LANDSCAPE_SEED_ENV"]
 
 PROFILE_ENV = "SGLANG_EMULATOR_PROFILE"
+
+# Acceptance by context length, default shape: vLLM #47602 (Qwen3.6-27B with MTP, k = 6) reports
+# position-1 acceptance falling from 93.5% to 72.1% as the context grows toward the model's
+# limit: logit 2.67 -> 0.95, 1.72 over the ~7 doublings from 1k to 128k tokens, so 0.25 per
+# doubling past 1,024 tokens.  No such figure was at hand for EAGLE3 heads: the same is assumed.
+CONTEXT_DECAY = 0.25
+# Acceptance by kind of text, shifts of logit(q) relative to chat: SPEED-Bench (arXiv 2604.09557)
+# measures accept length per category (humaneval 2.62 > gsm8k 2.40 > mtbench 1.95): code highest,
+# maths between, multi-turn chat lowest; summarisation copies from its source (assumed +0.3);
+# creative writing is the hardest to draft (assumed -0.4).  The code and summarisation values are
+# the emulator's earlier keyword shifts, kept so its calibration holds.
+CATEGORY_SHIFTS = (("code", 0.5), ("maths", 0.3), ("summarisation", 0.3), ("creative", -0.4))
+# A verify's KV read over the one-token decode path's: FlashInfer / FA3 read the KV once for all
+# draft tokens (1.0), torch's multi-query SDPA path costs 3.1x at B = 16 over 32k tokens
+# (docs/h200-forward-times.md, "Attention over the KV cache"); assumed between the two.
+VERIFY_ATTN_FACTOR = 1.5
 LANDSCAPE_SEED_ENV = "SGLANG_EMULATOR_LANDSCAPE_SEED"
 
 # NVIDIA RTX PRO 6000 Blackwell (96 GB GDDR7, ~1.79 TB/s, PCIe only): the seed's GPUs.
@@ -27,10 +43,10 @@ RTX_PRO_6000 = Gpu(
     compute_capability="12.0",
 )
 
-# NVIDIA H200 (141 GB HBM3e): the GPU of ../shared/notes/h200-forward-times.md.
+# NVIDIA H200 (141 GB HBM3e): the GPU of docs/h200-forward-times.md.
 H200 = Gpu(
     name="NVIDIA H200",
-    total_mib=143_771,  # the figure ../shared/notes/sglang-0.5.23.md §2.1 uses
+    total_mib=143_771,  # the figure docs/sglang-0.5.23.md §2.1 uses
     context_mib=500,  # assumed
     compute_capability="9.0",
 )
@@ -78,7 +94,11 @@ QWEN35_122B = Profile(
         moe_locality=0.1,  # calibrated: extra draft tokens of one request barely widen experts
         knee_tokens=2000.0,  # assumed: sparse MoE stays memory-bound far longer than dense
         attn_fixed_ms=0.15,
-        attn_ms_per_ktoken=0.002,  # 12 full-attention layers, one KV head per GPU
+        # 12 full-attention layers x one KV head (256 x K,V bf16) per GPU = 12 KiB per token,
+        # read at 1.79 TB/s: 1,024 tokens in 0.007 ms (the KV read runs at bandwidth, as the
+        # H200 note's d = 1 column does).
+        attn_ms_per_ktoken=0.007,
+        verify_attn_factor=VERIFY_ATTN_FACTOR,
         attn_ms_per_request=0.02,  # recurrent-state update of 36 linear-attention layers
         prefill_fixed_ms=12.0,
         prefill_ms_per_token=0.022,  # 2 x 10e9 FLOP/token / 4 GPUs at ~230 TFLOP/s effective
@@ -91,6 +111,8 @@ QWEN35_122B = Profile(
         degenerate=0.995,  # calibrated: greedy + ignore_eos loops are almost fully predicted
         temperature_slope=0.9,
         prompt_spread=0.4,
+        context_decay=CONTEXT_DECAY,  # vLLM #47602 is this family's MTP head
+        category_shifts=CATEGORY_SHIFTS,
     ),
     auto_spec=(3, 1, 4),  # _auto_choose_speculative_params: "anything else" -> (3, 1, 4)
     hybrid=True,
@@ -101,7 +123,7 @@ QWEN35_122B = Profile(
 )
 
 # A dense 8B (Llama-3.1-8B-Instruct shape) with an EAGLE3 head on one H200.  Its target forward
-# *is* the measured table in ../shared/notes/h200-forward-times.md (stream 4.60 ms, knee 180),
+# *is* the measured table in docs/h200-forward-times.md (stream 4.60 ms, knee 180),
 # attention and draft steps come from the same note.
 LLAMA31_8B = Profile(
     key="llama-3.1-8b-instruct",
@@ -130,6 +152,7 @@ LLAMA31_8B = Profile(
         attn_fixed_ms=0.26,  # measured: SDPA - linear at B=1, d=1 over 1,024 tokens
         attn_ms_per_ktoken=0.033,  # measured: (10.71 - 6.56) ms / (128 x 1,024 tokens)
         flashinfer_penalty=1.15,  # assumed: topk > 1 moves Hopper from FA3 to FlashInfer
+        verify_attn_factor=VERIFY_ATTN_FACTOR,
         prefill_fixed_ms=5.0,
         prefill_ms_per_token=0.027,  # 2 x 8e9 FLOP/token at ~600 TFLOP/s (the note's slope)
     ),
@@ -141,6 +164,8 @@ LLAMA31_8B = Profile(
         degenerate=0.97,
         temperature_slope=0.9,
         prompt_spread=0.5,
+        context_decay=CONTEXT_DECAY,  # assumed as the MTP report
+        category_shifts=CATEGORY_SHIFTS,
     ),
     auto_spec=(5, 4, 8),  # _auto_choose_speculative_params: LlamaForCausalLM -> (5, 4, 8)
     load_s=25.0,

@@ -19,7 +19,7 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tuner.errors import ConfigError
-from tuner.sglang_args import SEARCHABLE_ALGORITHMS, CommandLine
+from tuner.sglang_args import SEARCHABLE_ALGORITHMS, SEARCHED, CommandLine
 
 __all__ = [
     "Config",
@@ -28,6 +28,7 @@ __all__ = [
     "ServerConfig",
     "SpaceConfig",
     "BenchConfig",
+    "SyntheticPrompts",
     "IntRange",
     "FloatRange",
     "Choices",
@@ -35,15 +36,11 @@ __all__ = [
     "apply_overrides",
     "DEFAULT_CONFIG",
     "SEARCHED_FLAGS",
+    "sqlite_path",
 ]
 
 DEFAULT_CONFIG = "studies/demo.toml"
-SEARCHED_FLAGS = (
-    "speculative_num_steps",
-    "speculative_eagle_topk",
-    "speculative_num_draft_tokens",
-    "mem_fraction_static",
-)
+SEARCHED_FLAGS = SEARCHED  # the searched flags are named once, in tuner/sglang_args.py
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _UNIT_RE = re.compile(r"^[A-Za-z0-9:_.@-]{1,200}$")
 
@@ -255,6 +252,18 @@ class SpaceConfig(_Section):
         return [k for k in SEARCHED_FLAGS if getattr(self, k) is not None]
 
 
+class SyntheticPrompts(_Section):
+    """Prompts of given lengths, as SGLang's bench_serving `random` dataset draws them
+    (benchmark/datasets/common.py · compute_random_lens: each length uniform in
+    [max(int(len x range_ratio), 1), len]; its --random-range-ratio defaults to 0.0)."""
+
+    input_len: int = Field(ge=1)
+    output_len: int = Field(ge=2)
+    range_ratio: float = Field(default=0.0, ge=0, le=1)
+    num_prompts: int = Field(default=32, ge=1)
+    category: str = "random"
+
+
 class BenchConfig(_Section):
     temperature: float = Field(default=0.0, ge=0, le=2)
     top_p: float = Field(default=1.0, gt=0, le=1)
@@ -265,10 +274,20 @@ class BenchConfig(_Section):
     single_max_passes: int = Field(default=5, ge=1)
     single_target_ci: float = Field(default=0.03, gt=0, lt=1)  # 95% CI half-width / mean
     concurrency: int | list[int] = 16
-    concurrent_requests: int = Field(default=64, ge=1)
-    request_tokens: int = Field(default=8192, ge=1)
+    concurrent_requests: int = Field(default=64, ge=1)  # per level at most; a level sends min(this, 4 x its concurrency)
+    # A level's concurrent phase stops sending at its request count or after this many seconds of
+    # steady state (from its first completion), whichever comes first; in-flight requests finish.
+    level_seconds: float = Field(default=60.0, gt=0)
+    # KV tokens one request holds, for capacity; "auto": the workload's own mean, measured.
+    request_tokens: Union[int, Literal["auto"]] = "auto"
     warmup_requests: int = Field(default=2, ge=0)
-    prompts: str = "builtin"
+    # "builtin", a JSONL / ShareGPT / request-log file, or synthetic lengths: a table (or a list
+    # of tables, one per class) {input_len, output_len, range_ratio, num_prompts, category}.
+    prompts: Union[str, SyntheticPrompts, list[SyntheticPrompts]] = "builtin"
+    # Traffic shares by request class ({chat = 0.6, long_context = 0.4}); default: as the file has them.
+    mix: dict[str, float] | None = None
+    # Prompt-length bounds (tokens) that split each class further: [2048, 8192, 32768].
+    context_buckets: list[int] | None = None
     seed: int = 0
     request_timeout_s: float = Field(default=600.0, gt=0)  # one whole request
     stall_timeout_s: float = Field(default=60.0, gt=0)  # no byte from the server for this long: it hangs
@@ -289,6 +308,69 @@ class BenchConfig(_Section):
     @property
     def concurrency_levels(self) -> list[int]:
         return self.concurrency if isinstance(self.concurrency, list) else [self.concurrency]
+
+    @property
+    def prompts_json(self) -> Any:
+        """`prompts` as JSON (a record of which workload was measured): the path, or the synthetic tables."""
+        if isinstance(self.prompts, str):
+            return self.prompts
+        tables = self.prompts if isinstance(self.prompts, list) else [self.prompts]
+        return [t.model_dump() for t in tables]
+
+    def level_requests(self, level: int) -> int:
+        """Requests a concurrency level sends: a few times its concurrency (enough for a steady
+        window), never more than `concurrent_requests`."""
+        return min(self.concurrent_requests, max(4 * level, 8))
+
+    @field_validator("request_tokens", mode="before")
+    @classmethod
+    def _request_tokens(cls, value: Any) -> int | str:
+        if value != "auto" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"must be a positive integer or \"auto\" (the workload's own mean), got {value!r}")
+        return value
+
+    @field_validator("prompts", mode="before")
+    @classmethod
+    def _prompts(cls, value: Any) -> Any:
+        """One line for a bad synthetic table (pydantic would list every member of the union)."""
+        if isinstance(value, str):
+            return value
+        tables = value if isinstance(value, list) else [value]
+        if not tables or not all(isinstance(t, dict) for t in tables):
+            raise ValueError("must be \"builtin\", a file path, or synthetic lengths { input_len = 1024, output_len = 256 } (or a list of such)")
+        out = []
+        for table in tables:
+            try:
+                out.append(SyntheticPrompts.model_validate(table))
+            except ValidationError as exc:
+                error = exc.errors()[0]
+                where = ".".join(str(p) for p in error["loc"]) or "table"
+                raise ValueError(f"synthetic {where}: {error['msg']}") from None
+        categories = [t.category for t in out]
+        if len(set(categories)) != len(categories):
+            raise ValueError(f"synthetic tables repeat a category: {categories}; give each its own category")
+        return out if isinstance(value, list) else out[0]
+
+    @field_validator("mix")
+    @classmethod
+    def _mix(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value is None:
+            return None
+        if not value:
+            raise ValueError("is empty; give each request class its traffic share, e.g. { chat = 0.6, long_context = 0.4 }, or leave it out")
+        bad = {k: v for k, v in value.items() if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0}
+        if bad:
+            raise ValueError(f"shares must be numbers >= 0, got {bad}")
+        if sum(value.values()) <= 0:
+            raise ValueError("every share is 0; give at least one class a share above 0")
+        return value
+
+    @field_validator("context_buckets")
+    @classmethod
+    def _buckets(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and (not value or any(v < 1 for v in value) or sorted(set(value)) != value):
+            raise ValueError(f"must be increasing prompt-token bounds >= 1, like [2048, 8192, 32768], got {value}")
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> "BenchConfig":
@@ -327,8 +409,8 @@ class Config(_Section):
     def artifacts_dir(self) -> Path:
         if self.study.artifacts:
             return Path(os.path.expanduser(self.study.artifacts))
-        if self.storage_url.startswith("sqlite:///"):
-            db = Path(self.storage_url[len("sqlite:///"):])
+        db = sqlite_path(self.storage_url)
+        if db is not None:
             return db.with_name(db.stem + ".artifacts")
         return Path("studies") / f"{self.study.name}.artifacts"
 
@@ -362,6 +444,13 @@ def _first_error(errors: list[dict[str, Any]]) -> dict[str, Any]:
     written says more than a key missing from the other shape."""
     written = [e for e in errors if e["type"] not in ("missing", "extra_forbidden")]
     return (written or errors)[0]
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of a `sqlite:///path` URL (`~` expanded); None for another store or `:memory:`.
+    The one parser of sqlite URLs (the store, the report's folder, the artifacts, --dry-run)."""
+    path = url[len("sqlite:///"):] if url.startswith("sqlite:///") else ""
+    return Path(path).expanduser() if path and path != ":memory:" else None
 
 
 def _describe(error: dict[str, Any]) -> str:
@@ -441,7 +530,7 @@ def _check_cross(config: Config) -> None:
     except socket.gaierror:
         raise ConfigError(f"{config.path} [target] url: cannot resolve host {host!r}; fix the URL (the server's address as seen from the tuner)") from None
     prompts = config.bench.prompts
-    if prompts != "builtin" and not config.resolve_path(prompts).exists():
+    if isinstance(prompts, str) and prompts != "builtin" and not config.resolve_path(prompts).exists():
         raise ConfigError(f"{config.path} [bench] prompts: {prompts} does not exist; give a JSONL or ShareGPT JSON file, or \"builtin\"")
 
 

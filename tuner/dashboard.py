@@ -16,6 +16,7 @@ import sys
 from tuner.cli import error, parser
 from tuner.config import DEFAULT_CONFIG, load_config
 from tuner.errors import TunerError
+from tuner.results.resilient import redacted_url
 from tuner.results.storage import existing_storage
 
 __all__ = ["main", "tunnel_command", "build_parser"]
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         except OSError:
             return error(f"--port {args.port}: in use on {args.host}; pass another --port")
     shown = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
-    print(f"optuna-dashboard for {url.split('@')[-1]} at http://{shown}:{args.port}/dashboard/ (Ctrl-C to stop)", flush=True)
+    print(f"optuna-dashboard for {redacted_url(url)} at http://{shown}:{args.port}/dashboard/ (Ctrl-C to stop)", flush=True)
     tunnel = tunnel_command(args.port, args.host)
     if tunnel:
         print(f"from your machine: {tunnel}  then open http://127.0.0.1:{args.port}/dashboard/", flush=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 import optuna
 
 from tuner.cli import error, parser
-from tuner.config import DEFAULT_CONFIG, Config, apply_overrides, load_config
+from tuner.config import DEFAULT_CONFIG, Config, apply_overrides, load_config, sqlite_path
 from tuner.errors import TunerError
 from tuner.results.report import Report, build, write_html, write_markdown
 from tuner.results.storage import load_existing_study
@@ -22,9 +22,9 @@ __all__ = ["Report", "build", "write_html", "write_markdown", "default_out", "ma
 
 def default_out(config: Config) -> Path:
     """`<dir of the sqlite file>/<name>.report/` (studies/demo.report for the demo), else studies/<name>.report/."""
-    url = config.storage_url
-    if url.startswith("sqlite:///") and url[len("sqlite:///"):] not in ("", ":memory:"):
-        return Path(url[len("sqlite:///"):]).expanduser().parent / f"{config.study.name}.report"
+    db = sqlite_path(config.storage_url)
+    if db is not None:
+        return db.parent / f"{config.study.name}.report"
     return Path("studies") / f"{config.study.name}.report"
 
 

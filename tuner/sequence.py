@@ -12,17 +12,17 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from tuner.config import BenchConfig
+from tuner.config import BenchConfig, Config
 from tuner.measure.runner import Measurement, measure
 from tuner.measure.workload import Workload
-from tuner.errors import LaunchError
-from tuner.server.client import ServerInfo
-from tuner.server.connection import Target, connected
+from tuner.errors import ConfigError, LaunchError
+from tuner.server.client import ServerClient, ServerInfo
+from tuner.server.connection import Target, connected, refuse_if_answering
 from tuner.server.diagnose import classify
 from tuner.server.launch import LaunchSpec
-from tuner.server.readiness import Ready, refuse_if_answering, wait_ready
+from tuner.server.readiness import Ready, wait_ready
 
-__all__ = ["Target", "connected", "launch", "measure_server", "launch_and_measure", "refuse_if_answering"]
+__all__ = ["Target", "connected", "launch", "measure_server", "launch_and_measure", "measure_running", "refuse_if_answering"]
 
 Phase = Callable[[str], None]
 
@@ -88,3 +88,17 @@ def launch_and_measure(target: Target, spec: LaunchSpec, workload: Workload, *, 
         return ready, measure_server(target, ready.info, workload, phase=phase)
     finally:
         target.control.stop()
+
+
+def measure_running(config: Config, workload: Workload, *, phase: Phase = lambda _: None) -> Measurement:
+    """Measure the server that answers at `[target] url` as it runs now (`tuner.bench` without
+    --flags): nothing is launched or stopped; the same benchmark a trial runs."""
+    target = config.target
+    client = ServerClient(target.url, api_key=target.api_key(), admin_api_key=target.admin_api_key())
+    try:
+        if client.health_generate(timeout_s=30) != 200:
+            raise ConfigError(f"nothing ready answers at {target.url}; start the server, or pass --flags to launch it")
+        return measure(url=target.url, bench=config.bench, info=client.server_info(), workload=workload, client=client,
+                       api_key=target.api_key(), progress=lambda name, done, total: phase(f"{name} {done}/{total}"))
+    finally:
+        client.close()

@@ -15,10 +15,10 @@ import optuna
 
 from tuner.config import Config
 from tuner.errors import ConfigError, LaunchError, MeasureError
-from tuner.measure.objectives import Objective, load_objectives
-from tuner.measure.workload import load_workload
+from tuner.measure.objectives import Objective, check_classes, load_objectives
+from tuner.measure.workload import bench_workload
 from tuner.progress import Reporter, SilentReporter
-from tuner.results import artifacts, baselines, hypervolume, resilient
+from tuner.results import artifacts, baselines, hypervolume, record, resilient
 from tuner.results.optuna_private import storage_of
 from tuner.results.picks import pick
 from tuner.results.storage import open_storage
@@ -29,7 +29,8 @@ from tuner.search.space import check_compatible
 from tuner.search.warm_start import warm_start
 from tuner.interrupts import Interrupted
 from tuner.results.terminal import interrupted_line
-from tuner.sequence import connected, refuse_if_answering
+from tuner.sequence import connected
+from tuner.server.connection import refuse_if_answering
 from tuner.trial import TrialRunner
 
 __all__ = ["RunResult", "run_study", "open_study", "IGNORE_EOS_WARNING"]
@@ -108,9 +109,10 @@ def run_study(config: Config, *, trials: int, sampler_name: str | None = None, s
     check_compatible(config.space, study)
     resilient.watch(study, reporter.phase)  # "waiting for the study's database ..." while it is away
     resilient.settle(study, reporter.warning)  # what an earlier run kept through an outage, first
-    study.set_user_attr("sampler", sampler_name or config.study.sampler)
+    study.set_user_attr(record.SAMPLER, sampler_name or config.study.sampler)
     recover_stale_trials(study, reporter.warning)
-    workload = load_workload(config.bench.prompts, seed=config.bench.seed, base_dir=config.base_dir)
+    workload = bench_workload(config.bench, config.base_dir)
+    check_classes(objectives, workload.classes)
     result = RunResult(study=study, objectives=objectives)
     if trials == 0:  # shows the study: nothing is launched, not even a baseline
         result.baselines = baselines.load(storage_of(study), study.study_name) if config.study.baselines else {}

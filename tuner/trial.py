@@ -34,10 +34,10 @@ from tuner.server.client import ServerInfo
 from tuner.server.diagnose import runtime_memory_failure
 from tuner.server.launch import LaunchSpec
 
-__all__ = ["TrialRunner", "WORKER"]
+__all__ = ["TrialRunner", "THIS_TUNER"]
 
 LOG_TAIL_LINES = 40
-WORKER = f"{socket.gethostname()}:{os.getpid()}"  # which tuner process runs a trial
+THIS_TUNER = f"{socket.gethostname()}:{os.getpid()}"  # this tuner process, recorded as record.WORKER of its trials
 
 
 def _tail(text: str, secrets: tuple[str, ...], lines: int = LOG_TAIL_LINES) -> str:
@@ -189,9 +189,11 @@ class TrialRunner:
                 kind: str | None = None, log: str | None = None) -> None:
         """The one place a failed trial is written down: reason, kind, log tail and the whole
         log stored, the server stopped, the dashboard note."""
-        tail = _tail(log or self.target.control.log(), spec.secrets)
+        full = log or self.target.control.log()
+        tail = _tail(full, spec.secrets)
         self.target.control.stop()  # before any write: a server never waits on the database
         record.record_failure(trial, redact(reason, spec.secrets), kind=kind, log_tail=tail)
+        record.record_capture_memory(trial, full)  # what was free when the capture failed (#23)
         self._save_log(trial, spec)
         self._note(trial, state)
 
@@ -209,9 +211,9 @@ class TrialRunner:
             return
         mine = {"accelerator": info.accelerator, "gpu_count": info.gpu_count}
         study = trial.study
-        recorded = study.user_attrs.get("hardware")
+        recorded = study.user_attrs.get(record.HARDWARE)
         if recorded is None:
-            study.set_user_attr("hardware", {**mine, "first_target": self.config.target.host})
+            study.set_user_attr(record.HARDWARE, {**mine, "first_target": self.config.target.host})
         elif not self.config.study.allow_mixed_hardware and (
             recorded.get("accelerator") != mine["accelerator"] or recorded.get("gpu_count") != mine["gpu_count"]
         ):
@@ -263,7 +265,7 @@ class TrialRunner:
     # -- records that must never cost the trial -----------------------------------------------
     def _record_launch(self, trial: optuna.Trial, spec: LaunchSpec, *, flags: dict | None) -> None:
         record.record_launch(trial, launch_command=spec.launch_command, flags=flags,
-                             target=self.config.target.host, url=self.config.target.url, worker=WORKER)
+                             target=self.config.target.host, url=self.config.target.url, worker=THIS_TUNER)
 
     def _record_hypervolume(self, trial: optuna.Trial, values: list[float]) -> None:
         """The front's normalised hypervolume with this trial in it (the history a study keeps)."""

@@ -87,7 +87,7 @@ def test_a_fatal_baseline_stops_the_run_and_baselines_are_measured_again_next_ru
 
 
 @pytest.mark.parametrize("storage, message", [
-    ("mysql://tuner@localhost/optuna", "error: --storage: 'localhost/optuna' is not a store the tuner supports; use sqlite:///path.db"),
+    ("mysql://tuner@localhost/optuna", "error: --storage: 'mysql://tuner@localhost/optuna' is not a store the tuner supports; use sqlite:///path.db"),
     ("sqlite:///{tmp}/no/such/dir/x.db", "error: --storage: folder {tmp}/no/such/dir does not exist"),
 ])
 def test_storage_errors_are_exactly_one_line(tmp_path, storage, message):
@@ -96,3 +96,21 @@ def test_storage_errors_are_exactly_one_line(tmp_path, storage, message):
     assert result.returncode == 2
     assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith(message.format(tmp=tmp_path))
     assert not (tmp_path / "no").exists()
+
+
+def test_dry_run_launches_carry_the_admin_api_key_and_the_estimate_follows_the_sampler(tmp_path):
+    """Every launch passes --admin-api-key (the baselines' too: /flush_cache answers 401
+    without it), redacted in what is shown; the estimate counts the memory edge's failed
+    launches only for a sampler that walks the edge (auto, model, edge), the one --sampler names."""
+    config = write_config(tmp_path, study="baselines = true", target='admin_api_key_env = "T_ADMIN_KEY"')
+    env = {"T_ADMIN_KEY": "admin-secret-123"}
+    result = run_cli("--trials", "2", "--config", str(config), "--dry-run", "--json", "--sampler", "random", timeout=60, env=env)
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert [launch.get("baseline") for launch in plan["launches"][:2]] == ["no_speculation", "adaptive"]
+    assert all("--admin-api-key <redacted>" in launch["launch_command"] for launch in plan["launches"]), plan["launches"]
+    assert "admin-secret-123" not in result.stdout
+    assert plan["estimate"]["expected_failed_launches"] == 0 and plan["warnings"] == []
+    edge = json.loads(run_cli("--trials", "2", "--config", str(config), "--dry-run", "--json", "--sampler", "edge",
+                              timeout=60, env=env).stdout)
+    assert edge["estimate"]["expected_failed_launches"] == 2 and edge["estimate"]["duration_s"] != plan["estimate"]["duration_s"]

@@ -1,5 +1,5 @@
 """The emulator behaves as a real SGLang server on the points a tuner trips over
-(../shared/notes/sglang-real-server.md): thinking models, DP ranks, accept counters, versions,
+(docs/sglang-real-server.md): thinking models, DP ranks, accept counters, versions,
 ports of a stopped server, /health, admin auth, runtime KV pressure."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ FAST = {"SGLANG_EMULATOR_TIME_SCALE": "0.1"}
 def _long_thinker() -> str:
     """A prompt the emulated model thinks about for well over 256 tokens."""
     from sglang_emulator.engine import thinking_length
-    from sglang_emulator.server import _chat_prompt
+    from sglang_emulator.completions import _chat_prompt
 
     for i in range(100):
         content = f"Question {i}: why is the sky blue?"

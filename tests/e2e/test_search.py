@@ -66,9 +66,15 @@ def test_best_prints_and_applies_the_pick(tmp_path):
     try:
         info = httpx.get(url + "/server_info").json()
         assert info["speculative_num_steps"] == 3
+        # `--apply` leaves the pick running, as an operator wants; `--restore` undoes it.
+        restored = subprocess.run([sys.executable, "-m", "tuner.best", "--config", str(config), "--restore"],
+                                  capture_output=True, text=True, cwd=REPO, timeout=120)
+        assert restored.returncode == 0, restored.stderr
+        assert "restored: the applied server stopped" in restored.stderr
+        with pytest.raises(httpx.TransportError):
+            httpx.get(url + "/health", timeout=10)
     finally:
-        # `--apply` leaves the pick running, as an operator wants; the test stops it.
-        assert stop_servers_left_in(tmp_path / "work"), "the applied server's pid file should name a running group"
+        stop_servers_left_in(tmp_path / "work")
 
 
 def test_model_sampler_study_on_the_emulator(tmp_path):

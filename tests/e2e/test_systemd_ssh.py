@@ -293,6 +293,13 @@ def test_best_apply_installs_a_drop_in_of_its_own(tmp_path, host):
     dropin = ssh(host, f"cat /etc/systemd/system/{name}.service.d/50-sglang-tuner-best.conf").stdout
     assert "--speculative-num-steps 3" in dropin and "ExecStart=\n" in dropin
     assert unit_hash(host, path) == before
+    # --restore: the drop-in gone, the unit back on its own command (steps 1, as its ExecStart says).
+    restored = subprocess.run([os.sys.executable, "-m", "tuner.best", "--config", str(cfg), "--restore"],
+                              capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert restored.returncode == 0, restored.stderr
+    assert f"{name}.service restarted on its own command" in restored.stderr
+    assert ssh(host, f"test -e /etc/systemd/system/{name}.service.d/50-sglang-tuner-best.conf", check=False).returncode != 0
+    assert wait_http(f"http://127.0.0.1:{port}", timeout=60)["speculative_num_steps"] == 1
     ssh(host, f"systemctl stop {name}; rm -rf {path} /etc/systemd/system/{name}.service.d; systemctl daemon-reload")
 
 

@@ -28,7 +28,7 @@ def test_minimal_config_gets_the_contract_defaults():
     assert cfg.storage_url == "sqlite:///studies/s.db"
     assert cfg.study.objectives == ["single_tps", "concurrent_tps", "capacity"]
     assert cfg.target.host == "local" and cfg.target.manager == "process"
-    assert cfg.bench.concurrency_levels == [16] and cfg.bench.request_tokens == 8192
+    assert cfg.bench.concurrency_levels == [16] and cfg.bench.request_tokens == "auto"
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ commands, help with defaults, the installed script named as itself."""
 from __future__ import annotations
 
 import argparse
+import json
 import sqlite3
 import warnings
 
@@ -27,7 +28,7 @@ def _config(storage: str | None = None, flag: str | None = None):
 def test_an_unsupported_driver_is_one_line_naming_the_flag():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no FutureWarning on the way either
-        with pytest.raises(ConfigError, match=r"^--storage: 'localhost/x' is not a store the tuner supports; use sqlite"):
+        with pytest.raises(ConfigError, match=r"^--storage: 'mysql://u@localhost/x' is not a store the tuner supports; use sqlite"):
             open_storage(_config(flag="mysql://u@localhost/x"))
 
 
@@ -115,7 +116,7 @@ def test_baselines_are_shown_under_their_label_outside_the_trial_counter(tmp_pat
 
     from rich.console import Console
 
-    from tuner.optimize import RichReporter
+    from tuner.progress import RichReporter
 
     cfg = _config(storage=f"sqlite:///{tmp_path}/r.db")
     study = optuna.create_study(study_name="s", storage=cfg.storage_url, directions=["maximize"] * 3)
@@ -237,3 +238,29 @@ def test_the_estimate_comes_from_the_study_history_and_warns_below_the_memory_ed
     pruned.datetime_start, pruned.datetime_complete = t0, t0 + timedelta(seconds=5)
     known = estimate([done, pruned], n_trials=10, n_baselines=0, gpus=4)
     assert not known.warnings and known.total_s == 10 * 30 and known.gpu_hours == pytest.approx(300 * 4 / 3600)
+
+
+def test_one_result_prints_as_a_table_json_or_markdown(capsys):
+    """tuner/output.py: the Markdown form is the terminal tables as Markdown (title, header,
+    one row per row, markup gone, pipes escaped), the JSON form the view's data."""
+    import io
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from tuner import output
+
+    table = Table(title="Pareto front of study 's'")
+    table.add_column("trial")
+    table.add_column("single_tps")
+    table.add_row("3", "[green]181.5[/green]")
+    table.add_row("7", "a|b")
+    view = output.View({"front": [3, 7]}, [table, "over no speculation: [bold]+45%[/bold]"])
+    assert output.render_markdown(view) == (
+        "**Pareto front of study 's'**\n\n| trial | single_tps |\n|---|---|\n| 3 | 181.5 |\n| 7 | a\\|b |\n\n"
+        "over no speculation: +45%\n")
+    output.show(view, "json", Console(file=io.StringIO()))
+    assert json.loads(capsys.readouterr().out) == {"front": [3, 7]}
+    terminal = Console(file=io.StringIO(), width=120)
+    output.show(view, "table", terminal)
+    assert "181.5" in terminal.file.getvalue() and "[green]" not in terminal.file.getvalue()

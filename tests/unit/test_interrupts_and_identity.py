@@ -103,10 +103,10 @@ def test_a_broken_prompts_file_names_the_config_key(tmp_path):
     from tuner.measure.workload import load_workload
 
     (tmp_path / "p.jsonl").write_text('{"prompt": "hi"}\nnot json\n')
-    with pytest.raises(ConfigError, match=r'^\[bench\] prompts: .*p.jsonl line 2: not valid JSON .*; fix the file, or set prompts = "builtin"$'):
+    with pytest.raises(ConfigError, match=r"^\[bench\] prompts: .*p.jsonl line 2: not valid JSON"):
         load_workload("p.jsonl", base_dir=tmp_path)
     (tmp_path / "e.jsonl").write_text("\n")
-    with pytest.raises(ConfigError, match=r"^\[bench\] prompts: e.jsonl: no usable prompts"):
+    with pytest.raises(ConfigError, match=r"^\[bench\] prompts: e.jsonl has no usable prompts"):
         load_workload("e.jsonl", base_dir=tmp_path)
 
 

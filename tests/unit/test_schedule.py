@@ -231,3 +231,22 @@ def test_the_report_shows_the_latest_tuned_table_and_its_per_level_comparison(tm
     from tuner.results.report import write_html
     assert "<h2>Adaptive schedule</h2>" in write_html(build(study), tmp_path / "r" / "report.html").read_text()
     assert "## Adaptive schedule" in md and '"8": {"candidate_steps": [1]}' in md and "| 8 | 700 ±14 (1) | 640 | 690 | [1] | +7.8% |" in md
+
+
+def test_every_schedule_launch_carries_the_admin_api_key(tmp_path, monkeypatch):
+    """The schedule's launches (no speculation, a static steps value, the adaptive server) pass
+    --admin-api-key as a trial's do: without it the server answers /flush_cache with 401."""
+    from tests.conftest import write_config
+    from tuner import adaptive
+    from tuner.config import load_config
+    from tuner.sequence import connected
+
+    monkeypatch.setenv("T_ADMIN_KEY", "admin-secret-123")
+    config = load_config(str(write_config(tmp_path, target='admin_api_key_env = "T_ADMIN_KEY"')))
+    plan = adaptive.Plan(config, study=None, levels=[1, 2], steps=[0, 1, 2], workload={})
+    with connected(config, prepare=False, restore=False) as target:
+        specs = [adaptive.static_spec(plan, target, 0), adaptive.static_spec(plan, target, 2),
+                 adaptive.adaptive_spec(config, target, "/tmp/t.adaptive.json", 0.9)]
+    for spec in specs:
+        assert "--admin-api-key" in spec.argv and "admin-secret-123" in spec.argv
+        assert "admin-secret-123" not in spec.launch_command

@@ -2,20 +2,20 @@
 
 `concurrent_tps` expands to one column per level when `[bench] concurrency` is a list
 (`concurrent_tps@1`, `concurrent_tps@8`, ...), so each load level is its own objective.
+`<objective>:<class>` (`single_tps:long_context`) scores one request class of the workload,
+for objectives whose `score` takes `request_class`.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import pkgutil
 from dataclasses import dataclass
 from types import ModuleType
 
 from tuner.errors import ConfigError
 from tuner.measure.runner import Measurement
 
-__all__ = ["Objective", "available", "load_objectives", "score"]
+__all__ = ["Objective", "available", "load_objectives", "check_classes", "score"]
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,7 @@ class Objective:
     name: str  # the Optuna metric name
     module: ModuleType
     level: int | None = None
+    request_class: str | None = None
 
     @property
     def unit(self) -> str:
@@ -33,21 +34,25 @@ class Objective:
         return getattr(self.module, "description", (self.module.__doc__ or "").strip())
 
     def __call__(self, m: Measurement) -> float:
+        if self.request_class is not None:
+            return float(self.module.score(m, request_class=self.request_class))
         if self.level is not None:
             return float(self.module.score(m, level=self.level))
         return float(self.module.score(m))
 
 
 def available() -> list[str]:
-    import objectives
+    import objectives  # the registry (objectives/__init__.py): one module per objective
 
-    return sorted(info.name for info in pkgutil.iter_modules(objectives.__path__) if not info.name.startswith("_"))
+    return objectives.names()
 
 
 def _module(name: str) -> ModuleType:
+    import objectives
+
     if name not in available():
         raise ConfigError(f"[study] objectives: unknown objective {name!r}; available: {', '.join(available())}")
-    module = importlib.import_module(f"objectives.{name}")
+    module = objectives.module(name)
     if getattr(module, "direction", "maximize") != "maximize":
         raise ConfigError(f"objectives/{name}.py: every objective is maximised; return the negated value instead")
     return module
@@ -56,6 +61,10 @@ def _module(name: str) -> ModuleType:
 def load_objectives(names: list[str], concurrency_levels: list[int]) -> list[Objective]:
     out: list[Objective] = []
     for name in names:
+        base, _, request_class = name.partition(":")
+        if request_class:
+            out.append(_per_class(name, base, request_class))
+            continue
         base, _, level = name.partition("@")
         module = _module(base)
         takes_level = "level" in inspect.signature(module.score).parameters
@@ -70,6 +79,22 @@ def load_objectives(names: list[str], concurrency_levels: list[int]) -> list[Obj
         else:
             out.append(Objective(name, module))
     return out
+
+
+def _per_class(name: str, base: str, request_class: str) -> Objective:
+    module = _module(base)
+    if "request_class" not in inspect.signature(module.score).parameters or "@" in name:
+        raise ConfigError(f"[study] objectives: {name!r}: ':<class>' goes with single_tps, concurrent_tps or accept_length, "
+                          "without '@<level>' (a class's concurrent_tps is at the first level)")
+    return Objective(name, module, request_class=request_class)
+
+
+def check_classes(objectives: list[Objective], classes: list[str]) -> None:
+    """Every per-class objective names a class the workload measures (`[bench] prompts`, `mix`)."""
+    for o in objectives:
+        if o.request_class is not None and o.request_class not in classes:
+            raise ConfigError(f"[study] objectives: {o.name!r} names request class {o.request_class!r}, which the workload does not measure; "
+                              f"its classes are {', '.join(classes)}")
 
 
 def score(objectives: list[Objective], m: Measurement) -> list[float]:

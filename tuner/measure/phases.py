@@ -5,7 +5,9 @@ acceptance figures gathered from what those requests reported."""
 from __future__ import annotations
 
 import asyncio
+import math
 import statistics
+import time
 from dataclasses import dataclass, field
 
 from tuner.config import BenchConfig
@@ -16,17 +18,30 @@ from tuner.measure.wire import StreamClient, sum_histograms
 from tuner.measure.workload import Prompt, Workload
 from tuner.server.client import ServerInfo
 
-__all__ = ["closed_loop", "Single", "Concurrent", "warm_up", "single_phase", "concurrent_phases", "acceptance", "depth_histogram"]
+__all__ = ["max_tokens_of", "closed_loop", "Single", "Concurrent", "warm_up", "single_phase", "concurrent_phases", "acceptance", "depth_histogram"]
 
 
-async def closed_loop(runner: StreamClient, prompts: list[Prompt], concurrency: int, progress: Progress | None, phase: str) -> list[RequestResult]:
+def max_tokens_of(prompt: Prompt, bench: BenchConfig) -> int:
+    """A request's max_tokens: its own (a request log, a synthetic length), else [bench] max_tokens."""
+    return prompt.max_tokens or bench.max_tokens
+
+
+async def closed_loop(runner: StreamClient, prompts: list[Prompt], concurrency: int, progress: Progress | None, phase: str,
+                      *, seconds: float | None = None) -> list[RequestResult]:
+    """Keep `concurrency` requests in flight until `prompts` are sent or, with `seconds`, until
+    the loop has run that long in steady state: the clock starts at the first completion (every
+    slot has been filled by then, the ramp-up is over); the requests in flight then finish."""
     queue = list(reversed(prompts))
     results: list[RequestResult] = []
+    deadline = math.inf
 
     async def worker() -> None:
-        while queue:
+        nonlocal deadline
+        while queue and time.monotonic() < deadline:
             prompt = queue.pop()
-            results.append(await runner.one(prompt, runner.bench.max_tokens))
+            results.append(await runner.one(prompt, max_tokens_of(prompt, runner.bench)))
+            if seconds is not None and deadline == math.inf:
+                deadline = time.monotonic() + seconds
             if progress:
                 progress(phase, len(results), len(prompts))
 
@@ -44,10 +59,11 @@ async def closed_loop(runner: StreamClient, prompts: list[Prompt], concurrency: 
 @dataclass
 class Single:
     results: list[RequestResult]
-    rates: list[float]  # one mean decode rate per pass
+    rates: list[float]  # one mix-weighted mean decode rate per pass
     tps: float
     ci95: tuple[float, float]
     reference_tps: float | None  # stopping at EOS, when the workload ignores it
+    class_rates: dict[str, list[float]] = field(default_factory=dict)  # per class, one mean rate per pass
 
 
 @dataclass
@@ -58,6 +74,7 @@ class Concurrent:
     windows: dict[int, float] = field(default_factory=dict)
     p99_itl: dict[int, float] = field(default_factory=dict)
     p99_ttft: dict[int, float] = field(default_factory=dict)
+    level_results: dict[int, list[RequestResult]] = field(default_factory=dict)
 
 
 async def warm_up(runner: StreamClient, bench: BenchConfig, workload: Workload, progress: Progress | None) -> None:
@@ -67,48 +84,68 @@ async def warm_up(runner: StreamClient, bench: BenchConfig, workload: Workload, 
             progress("warm-up", i + 1, bench.warmup_requests)
 
 
+def _pass_rates(results: list[RequestResult], classes: list[str]) -> dict[str, float]:
+    """Each class's mean decode rate over one pass's requests; a class whose answers were all
+    one token long has no decode rate in this pass (it is left out of the pass's weighted mean)."""
+    out = {}
+    for c in classes:
+        rates = [r.decode_tps for r in results if r.request_class == c and r.decode_tps is not None]
+        if rates:
+            out[c] = statistics.fmean(rates)
+    if not out:
+        raise MeasureError("no single-stream request produced two tokens; raise [bench] max_tokens")
+    return out
+
+
+def _tight(rates: list[float], target: float) -> bool:
+    mean, (lo, hi) = summarize_rate(rates)
+    return (hi - lo) / 2 <= target * mean
+
+
 async def single_phase(runner: StreamClient, bench: BenchConfig, workload: Workload, progress: Progress | None) -> Single:
-    """Passes over the same prompts until the mean's 95% CI is tight enough."""
+    """Passes over the same prompts (every class of the mix in each) until the 95% CI of the
+    mix-weighted mean and of every class's mean are tight enough, or single_max_passes."""
     singles: list[RequestResult] = []
     rates: list[float] = []
-    pass_prompts = workload.for_phase("single", bench.single_requests)
+    class_rates: dict[str, list[float]] = {c: [] for c in workload.classes}
+    pass_prompts = workload.single_pass(bench.single_requests)
     while len(rates) < bench.single_max_passes:
-        pass_rates = []
+        done = []
         for i, prompt in enumerate(pass_prompts):
-            result = await runner.one(prompt, bench.max_tokens)
-            singles.append(result)
-            if result.decode_tps is not None:
-                pass_rates.append(result.decode_tps)
+            done.append(await runner.one(prompt, max_tokens_of(prompt, bench)))
             if progress:
                 progress(f"single pass {len(rates) + 1}", i + 1, len(pass_prompts))
-        if not pass_rates:
-            raise MeasureError("no single-stream request produced two tokens; raise [bench] max_tokens")
-        rates.append(statistics.fmean(pass_rates))
-        if len(rates) >= bench.single_min_passes:
-            mean, (lo, hi) = summarize_rate(rates)
-            if (hi - lo) / 2 <= bench.single_target_ci * mean:
-                break
+        singles += done
+        by_class = _pass_rates(done, workload.classes)
+        for c, rate in by_class.items():
+            class_rates[c].append(rate)
+        weight = sum(workload.mix[c] for c in by_class)
+        rates.append(sum(workload.mix[c] * rate for c, rate in by_class.items()) / weight)
+        if len(rates) >= bench.single_min_passes and all(_tight(r, bench.single_target_ci) for r in [rates, *class_rates.values()] if r):
+            break
     single_tps, ci = summarize_rate(rates)
     reference_tps = None
     if bench.ignore_eos:
         # One pass as real traffic ends (at EOS), to show how much ignore_eos inflates.
         runner.ignore_eos = False
-        natural = [r.decode_tps for r in [await runner.one(p, bench.max_tokens) for p in pass_prompts] if r.decode_tps]
+        natural = [r.decode_tps for r in [await runner.one(p, max_tokens_of(p, bench)) for p in pass_prompts] if r.decode_tps]
         runner.ignore_eos = True
         reference_tps = statistics.fmean(natural) if natural else None
-    return Single(singles, rates, single_tps, ci, reference_tps)
+    return Single(singles, rates, single_tps, ci, reference_tps, class_rates)
 
 
 async def concurrent_phases(runner: StreamClient, bench: BenchConfig, workload: Workload, progress: Progress | None) -> Concurrent:
     out = Concurrent()
     for level in bench.concurrency_levels:
-        results = await closed_loop(runner, workload.for_phase("concurrent", bench.concurrent_requests), level, progress, f"concurrency {level}")
+        results = await closed_loop(runner, workload.for_phase("concurrent", bench.level_requests(level)), level, progress,
+                                    f"concurrency {level}", seconds=bench.level_seconds)
         out.by_level[level], out.windows[level] = steady_window_rate(results, level)
         span = max(r.end for r in results) - min(r.start for r in results)
         out.whole_phase[level] = sum(r.completion_tokens for r in results) / span if span > 0 else 0.0
         out.p99_itl[level] = percentile([x for r in results for x in r.itl_s()], 0.99) * 1000
         out.p99_ttft[level] = percentile([r.ttft_s for r in results], 0.99) * 1000
         out.results += results
+        out.level_results[level] = results
     return out
 
 
@@ -133,7 +170,7 @@ async def acceptance(runner: StreamClient, info: ServerInfo, bench: BenchConfig,
     if accept[0] is None or histogram is None:
         # A server without per-request details on the chat route (0.5.9): the same prompts
         # through native /generate, whose meta_info carries spec_verify_ct.
-        got = [await runner.generate(p, bench.max_tokens) for p in workload.for_phase("single", bench.single_requests)]
+        got = [await runner.generate(p, max_tokens_of(p, bench)) for p in workload.for_phase("single", bench.single_requests)]
         pairs = [(tokens, ct) for tokens, ct, _ in got if ct]
         if accept[0] is None and pairs:
             accept = (sum(t for t, _ in pairs) / sum(ct for _, ct in pairs), "generate")
@@ -150,7 +187,7 @@ async def depth_histogram(runner: StreamClient, info: ServerInfo, bench: BenchCo
     (`generate_steps`).  A few seconds per trial; None when the stream gives no per-step counts."""
     hist: list[int] = []
     for prompt in workload.for_phase("single", bench.single_requests):
-        for tokens in await runner.generate_steps(prompt, bench.max_tokens):
+        for tokens in await runner.generate_steps(prompt, max_tokens_of(prompt, bench)):
             while len(hist) < tokens:
                 hist.append(0)
             hist[tokens - 1] += 1

@@ -10,7 +10,7 @@ from typing import Callable
 
 from tuner.server.client import Rank
 
-__all__ = ["RequestResult", "Measurement", "Progress"]
+__all__ = ["RequestResult", "ClassFigures", "Measurement", "Progress"]
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
@@ -29,6 +29,8 @@ class RequestResult:
     # Verify steps by drafts accepted (sglext.spec_tokens_details.spec_correct_drafts_histogram,
     # 0.5.23), when reported: index k counts the steps that accepted k drafts.
     accept_histogram: tuple[int, ...] | None = None
+    request_class: str = "user"  # the prompt's class (workload.py): its category, split by context_buckets
+    max_tokens: int = 0  # what the request asked for (the KV it may come to hold: prompt_tokens + this)
 
     @property
     def ttft_s(self) -> float:
@@ -58,6 +60,21 @@ class RequestResult:
         per_chunk = (self.completion_tokens - 1) / (len(times) - 1)
         gaps = [b - a for a, b in zip(times, times[1:])]
         return [g / per_chunk for g in gaps for _ in range(max(1, round(per_chunk)))]
+
+
+@dataclass(frozen=True)
+class ClassFigures:
+    """One request class's figures in one trial (the user attr `by_class`, docs/contract.md)."""
+
+    requests: int  # measured requests of the class, all phases
+    single_tps: float  # mean decode rate of its single-stream requests (mean over passes)
+    single_tps_ci95: tuple[float, float]
+    accept_length: float | None  # its completion tokens / its verify steps; 1.0 without speculation
+    prompt_tokens_median: float  # as the server's usage counts them
+    concurrent_tps: float | None  # its share of the first level's steady-window rate
+    share: float  # its weight in the mix
+    single_s: float  # seconds its single-stream requests took: what measuring the class costs
+    mean_request_tokens: float  # mean of prompt tokens + max_tokens over its requests
 
 
 @dataclass(frozen=True)
@@ -99,6 +116,8 @@ class Measurement:
     # without speculation or when the server gives no per-step counts.  What
     # tuner/search/model.py fits acceptance on.
     accept_histogram: tuple[int, ...] | None = None
+    by_class: dict[str, ClassFigures] = field(default_factory=dict)
+    request_tokens_auto: bool = False  # request_tokens was measured ([bench] request_tokens = "auto")
 
     @property
     def capacity(self) -> int:

@@ -6,19 +6,22 @@ Read top-down: `measure()` here runs the phases (`phases.py`) over the wire clie
 Order (each phase's definition is in the README, "What the figures mean"):
 1. warm-up requests, not measured;
 2. `/flush_cache`, which also zeroes SGLang's accept-length counters;
-3. single-stream phase: passes over `single_requests` prompts, one streaming request at a
-   time; passes repeat (at least `single_min_passes`) until the 95% confidence interval of
-   the mean pass rate is within `single_target_ci` of it, or `single_max_passes`, as
-   hyperfine repeats a command until its spread is known;
+3. single-stream phase: passes over about `single_requests` prompts, every request class of
+   the mix in each (workload.py · single_pass), one streaming request at a time; passes repeat
+   (at least `single_min_passes`) until the 95% confidence interval of the mix-weighted mean
+   pass rate, and of every class's, is within `single_target_ci` of it, or `single_max_passes`,
+   as hyperfine repeats a command until its spread is known;
 4. concurrent phase, per concurrency level: a closed loop keeping `concurrency` requests in
-   flight until `concurrent_requests` have been sent; the rate counts only the steady window
-   (all slots busy), not the ramp-up or the drain;
+   flight, drawn in the mix's proportions, until `level_requests(level)` have been sent or
+   `level_seconds` have passed since its first completion (steady state); the rate counts
+   only the steady window (all slots busy), not the ramp-up or the drain;
 5. accept length per request: completion tokens over verify steps (`spec_verify_ct`), summed
    over phases 3-4, from the chat stream's `sglext.spec_tokens_details` (0.5.23, asked with
    `return_spec_tokens_details`) or, on servers without it, from native `/generate` requests'
    `meta_info`.  The server's `avg_spec_accept_length` is kept as a cross-check only: SGLang
    folds its counters every `--decode-log-interval` (40) decode steps per rank, so a short
    phase reads stale or nothing (docs/sglang-real-server.md rows 5, 6).  Unknown stays unknown.
+   Per request class the same counts give each class's accept length (by_class.py).
    The same sources give the verify steps by drafts accepted (`accept_histogram`, from which
    tuner/search/model.py reads acceptance by depth); a server reporting none gets a depth probe
    (row 18: a stream's chunks are not always one verify step each).
@@ -37,14 +40,15 @@ import time
 
 from tuner.config import BenchConfig
 from tuner.measure import phases
-from tuner.measure.result import Measurement, Progress, RequestResult
+from tuner.measure.by_class import auto_request_tokens, class_figures
+from tuner.measure.result import ClassFigures, Measurement, Progress, RequestResult
 from tuner.measure.stats import percentile, steady_window_rate, summarize_rate
 from tuner.measure.wire import StreamClient, step_tokens
 from tuner.measure.workload import Workload
 from tuner.server.client import ServerClient, ServerInfo
 
 # The schema and the statistics are re-exported: objective modules and scripts import them from here.
-__all__ = ["measure", "Measurement", "RequestResult", "Progress", "summarize_rate", "steady_window_rate", "step_tokens"]
+__all__ = ["measure", "Measurement", "ClassFigures", "RequestResult", "Progress", "summarize_rate", "steady_window_rate", "step_tokens"]
 
 
 def measure(
@@ -78,11 +82,18 @@ async def _measure(
         server_accept = await asyncio.to_thread(client.accept_length)
     finally:
         await runner.close()
-    return _measurement(bench, info, single, conc, accept, server_accept, histogram, duration_s=time.monotonic() - began)
+    by_class = _by_class(workload, single, conc, info)
+    return _measurement(bench, info, single, conc, accept, server_accept, histogram, by_class, duration_s=time.monotonic() - began)
+
+
+def _by_class(workload: Workload, single: phases.Single, conc: phases.Concurrent, info: ServerInfo) -> dict[str, ClassFigures]:
+    first = next(iter(conc.level_results.items()), None)
+    return class_figures(workload.mix, single.results, single.class_rates, conc.results, first, info.speculative)
 
 
 def _measurement(bench: BenchConfig, info: ServerInfo, single: phases.Single, conc: phases.Concurrent, accept: tuple[float | None, str],
-                 server_accept: float | None, histogram: tuple[int, ...] | None, *, duration_s: float) -> Measurement:
+                 server_accept: float | None, histogram: tuple[int, ...] | None, by_class: dict[str, ClassFigures], *,
+                 duration_s: float) -> Measurement:
     thinking = [r.reasoning_tokens for r in single.results + conc.results if r.reasoning_tokens is not None]
     ttfts = [r.ttft_s * 1000 for r in single.results]
     itls = [x * 1000 for r in single.results for x in r.itl_s()]
@@ -95,7 +106,9 @@ def _measurement(bench: BenchConfig, info: ServerInfo, single: phases.Single, co
         concurrent_window_s=conc.windows,
         max_total_num_tokens=info.max_total_num_tokens,
         max_running_requests=info.max_running_requests,
-        request_tokens=bench.request_tokens,
+        request_tokens=auto_request_tokens(by_class) if bench.request_tokens == "auto" else bench.request_tokens,
+        request_tokens_auto=bench.request_tokens == "auto",
+        by_class=by_class,
         accept_length=accept[0],
         accept_length_source=accept[1],
         accept_histogram=histogram,

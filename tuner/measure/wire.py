@@ -163,6 +163,8 @@ class StreamClient:
             reasoning_tokens=_reasoning_tokens(usage),
             spec_verify_ct=details.get("spec_verify_ct") if details else None,
             accept_histogram=_histogram((details or {}).get("spec_correct_drafts_histogram")),
+            request_class=prompt.request_class or prompt.category,
+            max_tokens=max_tokens,
         )
 
     def _extra_body(self) -> dict:

@@ -55,7 +55,7 @@ def not_reusable(trials: Iterable[FrozenTrial], levels: Iterable[int], source: s
     out = {}
     for t in trials:
         flags = t.user_attrs.get(record.FLAGS) or {}
-        measured = {int(k) for k in (t.user_attrs.get("concurrent_tps_by_level") or {}) if str(k).isdigit()}
+        measured = {int(k) for k in (t.user_attrs.get(record.CONCURRENT_TPS_BY_LEVEL) or {}) if str(k).isdigit()}
         if t.state != TrialState.COMPLETE:
             why = f"{t.state.name}, nothing measured"
         elif t.user_attrs.get(record.DUPLICATE_OF) is not None:
@@ -85,7 +85,7 @@ def launch_cost(trials: Iterable[FrozenTrial], levels_ratio: float) -> LaunchCos
         values = sorted(v for t in done if isinstance(v := t.user_attrs.get(key), (int, float)))
         return values[len(values) // 2] if values else None
 
-    return LaunchCost(median(record.STARTUP_S) or DEFAULT_STARTUP_S, (median("measure_s") or DEFAULT_MEASURE_S) * levels_ratio)
+    return LaunchCost(median(record.STARTUP_S) or DEFAULT_STARTUP_S, (median(record.MEASURE_S) or DEFAULT_MEASURE_S) * levels_ratio)
 
 
 def launch_plan_lines(reused: Mapping[int, list[str]], todo: list[int], fraction: float | None, cost: LaunchCost,

@@ -115,7 +115,7 @@ def steps_range(space_values: Iterable[int] | None, current: int | None) -> list
 
 # -- trials -> samples -----------------------------------------------------------------------
 def _levels_of(trial: FrozenTrial) -> dict[int, float]:
-    raw = trial.user_attrs.get("concurrent_tps_by_level") or {}
+    raw = trial.user_attrs.get(record.CONCURRENT_TPS_BY_LEVEL) or {}
     out = {}
     for key, value in raw.items():
         if str(key).isdigit() and isinstance(value, (int, float)) and math.isfinite(value) and value > 0:

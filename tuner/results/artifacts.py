@@ -9,6 +9,7 @@ import optuna
 from optuna.artifacts import FileSystemArtifactStore, upload_artifact
 
 from tuner.config import Config
+from tuner.results import record
 
 __all__ = ["open_store", "save_log"]
 
@@ -26,5 +27,5 @@ def save_log(store: FileSystemArtifactStore, trial: optuna.Trial, text: str) -> 
         with open(path, "w", encoding="utf-8") as fh:
             fh.write(text)
         artifact_id = upload_artifact(artifact_store=store, file_path=path, study_or_trial=trial, mimetype="text/plain", encoding="utf-8")
-    trial.set_user_attr("server_log_artifact", artifact_id)
+    record.record_log_artifact(trial, artifact_id)
     return artifact_id

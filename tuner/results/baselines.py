@@ -19,8 +19,8 @@ from tuner.results import record
 from tuner.results.picks import DEFAULT_NOISE, measured_front
 from tuner.sglang_args import ADAPTIVE_ALGORITHMS, SPECULATIVE_SHAPE, CommandLine
 
-__all__ = ["KINDS", "baseline_argv", "study_name_for", "load", "compare", "Comparison", "baseline_command", "missing",
-           "open_sibling", "study_note", "save_study_note", "as_json"]
+__all__ = ["KINDS", "baseline_argv", "study_name_for", "load", "load_sibling", "open_sibling", "compare", "Comparison", "baseline_command", "missing",
+           "study_note", "save_study_note", "as_json"]
 
 KINDS = ("no_speculation", "adaptive")
 SUFFIX = "@baselines"
@@ -44,12 +44,19 @@ def baseline_argv(argv: list[str], kind: str) -> list[str] | None:
     return command.argv() if command is not None else None
 
 
+def load_sibling(storage, name: str) -> optuna.Study | None:
+    """The `<name>@baselines` study if it exists (never created: see `open_sibling`)."""
+    try:
+        return optuna.load_study(study_name=study_name_for(name), storage=storage)
+    except KeyError:
+        return None
+
+
 def load(storage, name: str) -> dict[str, FrozenTrial]:
     """The baseline trials of a study, by kind: the newest COMPLETE one, else the newest
     finished one (which says why it was not measured)."""
-    try:
-        study = optuna.load_study(study_name=study_name_for(name), storage=storage)
-    except KeyError:
+    study = load_sibling(storage, name)
+    if study is None:
         return {}
     out: dict[str, FrozenTrial] = {}
     for t in study.get_trials(deepcopy=False):
@@ -68,6 +75,7 @@ def missing(have: dict[str, FrozenTrial], command: CommandLine) -> list[str]:
 
 
 def open_sibling(storage, name: str, metric_names: list[str]) -> optuna.Study:
+    """The `<name>@baselines` study, created if missing (baselines and schedule launches)."""
     study = optuna.create_study(study_name=study_name_for(name), storage=storage,
                                 directions=["maximize"] * len(metric_names), load_if_exists=True)
     if study.metric_names is None:

@@ -64,6 +64,18 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def _per_class_text(complete: list[FrozenTrial]) -> str:
+    """"; single stream per class: chat 0.5 s, long_context 1.2 s" (medians), what each class of
+    the mix adds to a measurement."""
+    seconds: dict[str, list[float]] = {}
+    for t in complete:
+        for name, figures in record.by_class_of(t).items():
+            seconds.setdefault(name, []).append(figures.get("single_s"))
+    medians = {name: _median(values) for name, values in seconds.items()}
+    parts = [f"{name} {value:.1f} s" for name, value in medians.items() if value]
+    return f"; single stream per class: {', '.join(parts)}" if parts else ""
+
+
 # The project's emulator loads in seconds instead of minutes (README, "Quick start"); the demo's
 # launches measured ~3 s start-up and ~15 s of benchmark, the defaults before it has history.
 EMULATOR_STARTUP_S = 3.0
@@ -71,9 +83,10 @@ EMULATOR_MEASURE_S = 15.0
 
 
 def estimate(trials: list[FrozenTrial], *, n_trials: int, n_baselines: int, gpus: int | None,
-             memory_edge_searched: bool = True, emulator: bool = False) -> Estimate:
-    """The run's duration from `trials` (the study's and its baselines', finished); before any
-    history, the defaults of a real server, or of the emulator when the command runs it."""
+             memory_edge_searched: bool = True, concurrent_cap_s: float | None = None, emulator: bool = False) -> Estimate:
+    """The run's duration from `trials` (the study's and its baselines', finished);
+    `concurrent_cap_s`: what `[bench] level_seconds` caps the concurrent levels at, shown beside.
+    Before any history: a real server's defaults, or the emulator's when the command runs it."""
     default_startup, default_measure = (EMULATOR_STARTUP_S, EMULATOR_MEASURE_S) if emulator else (DEFAULT_STARTUP_S, DEFAULT_MEASURE_S)
     default = "the emulator's default" if emulator else "default"
     complete = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get(record.DUPLICATE_OF) is None]
@@ -83,8 +96,10 @@ def estimate(trials: list[FrozenTrial], *, n_trials: int, n_baselines: int, gpus
     sources.append(f"start-up {startup:.0f} s (median of {len(complete)} earlier launch(es))" if startup
                    else f"start-up {default_startup:.0f} s ({default}: no launch measured yet)")
     startup = startup or default_startup
-    measure = _median([t.user_attrs.get("measure_s") for t in complete])
-    sources.append(f"measurement {measure:.0f} s (median)" if measure else f"measurement {default_measure:.0f} s ({default})")
+    measure = _median([t.user_attrs.get(record.MEASURE_S) for t in complete])
+    cap = f", concurrent levels capped at {concurrent_cap_s:.0f} s by [bench] level_seconds" if concurrent_cap_s else ""
+    sources.append(f"measurement {measure:.0f} s per trial (median{cap}{_per_class_text(complete)})" if measure
+                   else f"measurement {default_measure:.0f} s per trial ({default}{cap})")
     measure = measure or default_measure
     pruned = _median([duration(t) for t in launched_pruned])
     sources.append(f"failed launch {pruned:.0f} s (median of {len(launched_pruned)})" if pruned else f"failed launch ~ start-up ({startup:.0f} s)")

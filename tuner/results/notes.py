@@ -32,21 +32,21 @@ def wrapped_command(command: str) -> str:
 
 
 def trial_note(*, state: str, attrs: dict[str, Any], metric_names: list[str] | None = None, values: list[float] | None = None) -> str:
-    lines = [f"## {state}", "", "```", wrapped_command(attrs.get("launch_command", "(no launch)")), "```", ""]
-    if attrs.get("duplicate_of") is not None:
-        lines += [f"Same flags as trial {attrs['duplicate_of']}: not relaunched, its values repeated.", ""]
+    lines = [f"## {state}", "", "```", wrapped_command(attrs.get(record.LAUNCH_COMMAND, "(no launch)")), "```", ""]
+    if attrs.get(record.DUPLICATE_OF) is not None:
+        lines += [f"Same flags as trial {attrs[record.DUPLICATE_OF]}: not relaunched, its values repeated.", ""]
     if values is not None and metric_names:
         lines += ["| objective | value |", "|---|---|"]
         lines += [f"| {n} | {_f(v)} |" for n, v in zip(metric_names, values)]
         lines.append("")
-    if "single_tps_ci95" in attrs:
-        lo, hi = attrs["single_tps_ci95"]
-        runs = ", ".join(_f(x) for x in attrs.get("single_tps_runs", []))
-        lines.append(f"- single_tps 95% CI {_f(lo)} … {_f(hi)} over {len(attrs.get('single_tps_runs', []))} passes ({runs})")
-    if "concurrent_tps_by_level" in attrs:
-        for level, rate in attrs["concurrent_tps_by_level"].items():
-            window = attrs.get("concurrent_window_s", {}).get(level)
-            p99 = attrs.get("concurrent_p99_itl_ms", {}).get(level)
+    if record.SINGLE_TPS_CI95 in attrs:
+        lo, hi = attrs[record.SINGLE_TPS_CI95]
+        runs = ", ".join(_f(x) for x in attrs.get(record.SINGLE_TPS_RUNS, []))
+        lines.append(f"- single_tps 95% CI {_f(lo)} … {_f(hi)} over {len(attrs.get(record.SINGLE_TPS_RUNS, []))} passes ({runs})")
+    if record.CONCURRENT_TPS_BY_LEVEL in attrs:
+        for level, rate in attrs[record.CONCURRENT_TPS_BY_LEVEL].items():
+            window = attrs.get(record.CONCURRENT_WINDOW_S, {}).get(level)
+            p99 = attrs.get(record.CONCURRENT_P99_ITL_MS, {}).get(level)
             lines.append(f"- concurrent_tps at {level} in flight: {_f(rate)} tok/s (steady window {_f(window)} s, p99 ITL {_f(p99, 2)} ms)")
     for key, label in (("accept_length", "accept length"), ("max_total_num_tokens", "KV pool tokens (max_total_num_tokens)"),
                        ("max_running_requests", "max running requests (effective)"), ("ttft_ms", "TTFT median ms"),
@@ -54,10 +54,14 @@ def trial_note(*, state: str, attrs: dict[str, Any], metric_names: list[str] | N
                        ("startup_s", "start-up s"), ("sglang_version", "SGLang version")):
         if attrs.get(key) is not None:
             lines.append(f"- {label}: {_f(attrs[key], 2 if key in ('accept_length', 'greedy_inflation') else 1)}")
+    if attrs.get(record.REQUEST_TOKENS) is not None:
+        how = "measured: the workload's mean prompt + max_tokens" if attrs.get(record.REQUEST_TOKENS_AUTO) else "[bench] request_tokens"
+        lines.append(f"- request_tokens (capacity's unit): {_f(attrs[record.REQUEST_TOKENS])} ({how})")
+    lines += _class_lines(attrs)
     if attrs.get(record.ACCEPT_LENGTH_SOURCE):
         lines.append(f"- accept length from: {attrs[record.ACCEPT_LENGTH_SOURCE]} (server's folded figure {_f(attrs.get(record.SERVER_ACCEPT_LENGTH), 2)})")
     if attrs.get(record.THINKING_TOKENS) is not None:
-        lines.append(f"- thinking tokens: {_f(attrs[record.THINKING_TOKENS])} of {_f(attrs.get('completion_tokens'))} completion tokens")
+        lines.append(f"- thinking tokens: {_f(attrs[record.THINKING_TOKENS])} of {_f(attrs.get(record.COMPLETION_TOKENS))} completion tokens")
     ranks = attrs.get(record.DP_RANKS) or []
     if len(ranks) > 1:
         lines.append("- DP ranks: " + "; ".join(f"rank {i}: {_f(r['max_total_num_tokens'])} KV tokens, {_f(r['max_running_requests'])} running"
@@ -66,13 +70,26 @@ def trial_note(*, state: str, attrs: dict[str, Any], metric_names: list[str] | N
                                                         (record.SPECULATIVE_ADAPTIVE, "speculative_adaptive")) if attrs.get(key) is not None]
     if ran:
         lines.append("- what ran (read back from /server_info): " + ", ".join(ran))
-    if attrs.get("fail_reason"):
-        lines += ["", f"**Why:** {attrs['fail_reason']}"]
-    if attrs.get("log_tail"):
-        lines += ["", "Last log lines:", "", "```", attrs["log_tail"][-4000:], "```"]
-    if attrs.get("server_log_artifact"):
+    if attrs.get(record.FAIL_REASON):
+        lines += ["", f"**Why:** {attrs[record.FAIL_REASON]}"]
+    if attrs.get(record.LOG_TAIL):
+        lines += ["", "Last log lines:", "", "```", attrs[record.LOG_TAIL][-4000:], "```"]
+    if attrs.get(record.SERVER_LOG_ARTIFACT):
         lines += ["", "The whole server log is this trial's artifact."]
     return "\n".join(lines) + "\n"
+
+
+def _class_lines(attrs: dict[str, Any]) -> list[str]:
+    """The figures per request class, as a table."""
+    classes = attrs.get(record.BY_CLASS) or {}
+    if not classes:
+        return []
+    lines = ["", "| class | share | requests | single_tps (95% CI) | accept | prompt tokens (median) | concurrent_tps |", "|---|---|---|---|---|---|---|"]
+    for name, f in classes.items():
+        lo, hi = (f.get("single_tps_ci95") or [None, None])[:2]
+        lines.append(f"| {name} | {_f(f.get('share'), 2)} | {_f(f.get('requests'))} | {_f(f.get('single_tps'))} ({_f(lo)} … {_f(hi)}) | "
+                     f"{_f(f.get('accept_length'), 2)} | {_f(f.get('prompt_tokens_median'), 0)} | {_f(f.get('concurrent_tps'))} |")
+    return lines + [""]
 
 
 def save(trial: optuna.Trial, *, state: str, metric_names: list[str] | None = None, values: list[float] | None = None) -> None:

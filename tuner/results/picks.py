@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.results import record
+
 __all__ = ["DEFAULT_NOISE", "PICKS", "measured_front", "noise", "tied", "pick", "Pick", "balanced_scores"]
 
 DEFAULT_NOISE = 0.02
@@ -33,14 +35,14 @@ class Pick:
 
 def measured_front(study: optuna.Study) -> list[FrozenTrial]:
     """Pareto-optimal trials that were really measured (a duplicate only repeats its original)."""
-    return [t for t in study.best_trials if t.user_attrs.get("duplicate_of") is None]
+    return [t for t in study.best_trials if t.user_attrs.get(record.DUPLICATE_OF) is None]
 
 
 def noise(trial: FrozenTrial, index: int, name: str) -> float:
     """Absolute noise of objective `index` of a trial."""
     value = trial.values[index]
     if name == "single_tps":
-        ci = trial.user_attrs.get("single_tps_ci95")
+        ci = trial.user_attrs.get(record.SINGLE_TPS_CI95)
         if isinstance(ci, list) and len(ci) == 2 and all(math.isfinite(x) for x in ci):
             return max((ci[1] - ci[0]) / 2, DEFAULT_NOISE * abs(value))
     if name == "capacity" or float(value).is_integer() and name.startswith("capacity"):
@@ -55,7 +57,7 @@ def tied(a: FrozenTrial, b: FrozenTrial, index: int, name: str) -> bool:
 
 def _shape(trial: FrozenTrial) -> tuple[int, int, int]:
     """(draft tokens, topk, steps) as passed to the server; SGLang forces draft = steps + 1 at topk 1."""
-    flags = trial.user_attrs.get("flags") or trial.params
+    flags = trial.user_attrs.get(record.FLAGS) or trial.params
     steps = int(flags.get("speculative_num_steps") or 0)
     topk = int(flags.get("speculative_eagle_topk") or 0)
     draft = flags.get("speculative_num_draft_tokens")

@@ -14,15 +14,19 @@ from typing import Any
 from tuner.measure.runner import Measurement
 from tuner.sglang_args import SEARCHED, Params
 from tuner.server.client import ServerInfo
+from tuner.server.diagnose import capture_memory
 
 __all__ = [
     "LAUNCH_COMMAND", "FLAGS", "TARGET", "URL", "WORKER", "FAIL_REASON", "FAILURE_KIND", "LOG_TAIL",
     "MAX_TOTAL_NUM_TOKENS", "MAX_RUNNING_REQUESTS", "ACCEPT_LENGTH", "TTFT_MS", "STARTUP_S",
     "SGLANG_VERSION", "ACCELERATOR", "GPU_COUNT", "SERVER_MEM_FRACTION_STATIC", "HYPERVOLUME",
     "ATTENTION_BACKEND", "PAGE_SIZE", "SPECULATIVE_ADAPTIVE", "ARCHITECTURE", "DP_RANKS", "ACCEPT_LENGTH_SOURCE",
-    "SERVER_ACCEPT_LENGTH", "DECLARED_MAX_RUNNING", "ACCEPT_HISTOGRAM", "REQUEST_TOKENS", "MEMORY_USAGE", "MODEL_PREDICTION", "MODEL_NOTE", "THINKING_TOKENS", "DUPLICATE_OF", "RULED_OUT_BY", "RETRY_OF", "WARM_START", "BASELINE", "CONSTRAINTS",
+    "SERVER_ACCEPT_LENGTH", "DECLARED_MAX_RUNNING", "ACCEPT_HISTOGRAM", "REQUEST_TOKENS", "REQUEST_TOKENS_AUTO", "BY_CLASS", "by_class_of", "MEMORY_USAGE", "CAPTURE_MEMORY", "MODEL_PREDICTION", "MODEL_NOTE", "THINKING_TOKENS", "DUPLICATE_OF", "RULED_OUT_BY", "RETRY_OF", "WARM_START", "BASELINE", "CONSTRAINTS",
     "SERVER_LOG_ARTIFACT", "SINGLE_TPS_SPREAD", "SINGLE_TPS_CI95", "INTERRUPTED", "SCHEDULE",
-    "params_of", "record_launch", "record_server", "record_measurement", "record_failure", "SETTLED_COPY_SKIPS",
+    "SINGLE_TPS_RUNS", "CONCURRENT_TPS_BY_LEVEL", "CONCURRENT_WINDOW_S", "CONCURRENT_P99_ITL_MS", "CONCURRENT_P99_TTFT_MS",
+    "COMPLETION_TOKENS", "MEASURE_S", "HARDWARE", "SAMPLER", "record_log_artifact",
+    "params_of", "record_launch", "record_server", "record_measurement", "record_failure", "record_capture_memory",
+    "SETTLED_COPY_SKIPS",
 ]
 
 # -- the launch ------------------------------------------------------------------------------
@@ -64,14 +68,29 @@ SERVER_ACCEPT_LENGTH = "server_accept_length"  # avg_spec_accept_length: a cross
 THINKING_TOKENS = "thinking_tokens"  # completion tokens that were thinking
 SINGLE_TPS_SPREAD = "single_tps_spread"
 SINGLE_TPS_CI95 = "single_tps_ci95"
+SINGLE_TPS_RUNS = "single_tps_runs"  # tok/s of each single-stream pass
+CONCURRENT_TPS_BY_LEVEL = "concurrent_tps_by_level"  # {"<level>": tok/s}
+CONCURRENT_WINDOW_S = "concurrent_window_s"  # {"<level>": seconds of steady state}
+CONCURRENT_P99_ITL_MS = "concurrent_p99_itl_ms"  # {"<level>": ms}
+CONCURRENT_P99_TTFT_MS = "concurrent_p99_ttft_ms"  # {"<level>": ms}
+COMPLETION_TOKENS = "completion_tokens"
+MEASURE_S = "measure_s"  # the measurement's wall time
 CONSTRAINTS = "constraints"
 HYPERVOLUME = "hypervolume"  # the front's normalised hypervolume with this trial in it
 # What the model sampler (tuner/search/model.py) fits on:
 ACCEPT_HISTOGRAM = "accept_histogram"  # [n0, n1, ...]: verify steps that accepted k drafts (depth probe)
-REQUEST_TOKENS = "request_tokens"  # [bench] request_tokens: the capacity objective's unit
+REQUEST_TOKENS = "request_tokens"  # contract: [bench] request_tokens, or the measured footprint ("auto"): capacity's unit
+REQUEST_TOKENS_AUTO = "request_tokens_auto"  # true when request_tokens was measured from the workload
+# contract: per request class {"requests", "single_tps", "single_tps_ci95", "accept_length",
+# "prompt_tokens_median", "concurrent_tps", "share", "single_s"} (tuner/measure/by_class.py)
+BY_CLASS = "by_class"
 # internal_states[0].memory_usage of /server_info: weight, kvcache, graph ({runner: GiB}),
 # token_capacity, startup_available (GiB left after CUDA-graph capture: the graph-OOM margin)
 MEMORY_USAGE = "memory_usage"
+# What the capture log said about memory, kept for failed launches too (server/diagnose.py ·
+# capture_memory): {"free_before", "runners": {runner: {"avail_before", "usage", "avail_after"}},
+# "failed_runner", "cuda_graph_max_bs"}; a failed capture bounds its shape's need by what was free.
+CAPTURE_MEMORY = "capture_memory"
 # Written by the model sampler through space.suggest: what it predicted for this trial
 # ({"single_tps": [lo, mid, hi], ..., "p_start": p}) and why it chose it, or why it fell back.
 MODEL_PREDICTION = "model_prediction"
@@ -85,6 +104,10 @@ SERVER_LOG_ARTIFACT = "server_log_artifact"
 DUPLICATE_OF = "duplicate_of"
 RULED_OUT_BY = "ruled_out_by"
 INTERRUPTED = "interrupted"
+
+# -- the study's own attrs (study.user_attrs, not a trial's) ----------------------------------
+HARDWARE = "hardware"  # {"accelerator": ..., "gpu_count": ..., "first_target": ...}: what the study measured on
+SAMPLER = "sampler"  # the sampler name of the latest run
 
 # A settled duplicate copies its twin's figures, not the twin's launch identity.
 SETTLED_COPY_SKIPS = (FLAGS, LAUNCH_COMMAND, TARGET, SERVER_LOG_ARTIFACT, WORKER)
@@ -135,7 +158,16 @@ def memory_usage(server_info: dict) -> dict | None:
     keep = {k: usage[k] for k in ("weight", "kvcache", "graph", "token_capacity", "startup_available") if usage.get(k) is not None}
     if isinstance(keep.get("graph"), (int, float)):  # 0.5.9: one figure for all graphs
         keep["graph"] = {"all": keep["graph"]}
+    if keep and server_info.get("cuda_graph_max_bs") is not None:  # the largest graph batch it may capture
+        keep["cuda_graph_max_bs"] = server_info["cuda_graph_max_bs"]
     return keep or None
+
+
+def record_capture_memory(trial, log: str | None) -> None:
+    """The capture log's memory figures of a launch (failed ones too), when it logged any."""
+    found = capture_memory(log or "")
+    if found is not None:
+        trial.set_user_attr(CAPTURE_MEMORY, found)
 
 
 def record_measurement(trial, m: Measurement) -> None:
@@ -156,24 +188,54 @@ def record_measurement(trial, m: Measurement) -> None:
         "e2e_ms": round(m.e2e_ms, 1),
         "e2e_p90_ms": round(m.e2e_p90_ms, 1),
         "e2e_p99_ms": round(m.e2e_p99_ms, 1),
-        "single_tps_runs": [round(x, 2) for x in m.single_runs],
+        SINGLE_TPS_RUNS: [round(x, 2) for x in m.single_runs],
         SINGLE_TPS_CI95: [round(x, 2) for x in m.single_ci95],
         SINGLE_TPS_SPREAD: round(m.single_spread, 4),
-        "concurrent_tps_by_level": {str(k): round(v, 2) for k, v in m.concurrent_tps_by_level.items()},
-        "concurrent_window_s": {str(k): round(v, 2) for k, v in m.concurrent_window_s.items()},
-        "concurrent_p99_itl_ms": {str(k): round(v, 3) for k, v in m.concurrent_p99_itl_ms.items()},
-        "concurrent_p99_ttft_ms": {str(k): round(v, 1) for k, v in m.concurrent_p99_ttft_ms.items()},
-        "measure_s": round(m.duration_s, 1),
+        CONCURRENT_TPS_BY_LEVEL: {str(k): round(v, 2) for k, v in m.concurrent_tps_by_level.items()},
+        CONCURRENT_WINDOW_S: {str(k): round(v, 2) for k, v in m.concurrent_window_s.items()},
+        CONCURRENT_P99_ITL_MS: {str(k): round(v, 3) for k, v in m.concurrent_p99_itl_ms.items()},
+        CONCURRENT_P99_TTFT_MS: {str(k): round(v, 1) for k, v in m.concurrent_p99_ttft_ms.items()},
+        MEASURE_S: round(m.duration_s, 1),
         "greedy_inflation": round(m.greedy_inflation, 3) if m.greedy_inflation else None,
         "concurrent_ttft_p99_ms": round(m.concurrent_ttft_p99_ms, 1),
-        "completion_tokens": m.completion_tokens,
+        COMPLETION_TOKENS: m.completion_tokens,
         "ignore_eos": m.ignore_eos,
         REQUEST_TOKENS: m.request_tokens,
     }
     if m.accept_histogram:
         attrs[ACCEPT_HISTOGRAM] = list(m.accept_histogram)
+    attrs[REQUEST_TOKENS_AUTO] = m.request_tokens_auto
+    attrs[BY_CLASS] = {c: _class_attrs(f) for c, f in m.by_class.items()}
     for key, value in attrs.items():
         trial.set_user_attr(key, value)
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None or value != value else round(value, digits)  # NaN is not JSON
+
+
+def _class_attrs(f) -> dict[str, Any]:
+    return {
+        "requests": f.requests,
+        "single_tps": _round(f.single_tps, 2),
+        "single_tps_ci95": [_round(x, 2) for x in f.single_tps_ci95],
+        "accept_length": _round(f.accept_length, 4),
+        "prompt_tokens_median": _round(f.prompt_tokens_median, 1),
+        "concurrent_tps": _round(f.concurrent_tps, 2),
+        "share": round(f.share, 4),
+        "single_s": round(f.single_s, 2),
+    }
+
+
+def by_class_of(trial) -> dict[str, dict[str, Any]]:
+    """A trial's figures per request class (empty for trials recorded before classes)."""
+    value = trial.user_attrs.get(BY_CLASS)
+    return value if isinstance(value, dict) else {}
+
+
+def record_log_artifact(trial, artifact_id: str) -> None:
+    """The Optuna artifact holding the launch's server log (tuner/results/artifacts.py)."""
+    trial.set_user_attr(SERVER_LOG_ARTIFACT, artifact_id)
 
 
 def record_failure(trial, reason: str, *, kind: str | None = None, log_tail: str | None = None) -> None:

@@ -53,6 +53,8 @@ class StorageOutage(TunerError):
 
 
 def redacted_url(url: str) -> str:
+    """A storage URL as every message and record shows it: a password replaced by ***
+    (the one redaction of storage URLs; a config refuses passwords anyway)."""
     from urllib.parse import urlsplit, urlunsplit
 
     parts = urlsplit(url)

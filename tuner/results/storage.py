@@ -14,10 +14,10 @@ import optuna
 from sqlalchemy.exc import ArgumentError, DatabaseError, OperationalError, SQLAlchemyError
 from sqlalchemy.exc import NoSuchModuleError
 
-from tuner.config import Config
+from tuner.config import Config, sqlite_path
 from tuner.errors import ConfigError
 from tuner.results import record
-from tuner.results.resilient import ResilientStorage
+from tuner.results.resilient import ResilientStorage, redacted_url
 
 __all__ = ["open_storage", "storage_for_url", "storage_source", "existing_storage", "load_existing_study", "study_summaries", "SQLITE_TIMEOUT_S"]
 
@@ -35,7 +35,7 @@ def storage_for_url(url: str, *, heartbeat_s: int | None = None, source: str = "
     check_no_password(url, source)
     scheme = url.split("://")[0].split("+")[0] if "://" in url else ""
     if scheme not in SCHEMES:
-        raise ConfigError(f"{source}: {url.split('@')[-1]!r} is not a store the tuner supports; use sqlite:///path.db (one machine) or postgresql://user@host/db (several)")
+        raise ConfigError(f"{source}: {redacted_url(url)!r} is not a store the tuner supports; use sqlite:///path.db (one machine) or postgresql://user@host/db (several)")
     kwargs: dict = {}
     if scheme == "sqlite":
         _prepare_sqlite(url, source, create_dir)
@@ -51,16 +51,16 @@ def storage_for_url(url: str, *, heartbeat_s: int | None = None, source: str = "
         storage.get_all_studies()  # a store of another program (or version) fails here, not mid-run
         return storage
     except (ArgumentError, NoSuchModuleError, ValueError, ImportError) as exc:
-        raise ConfigError(f"{source}: {url.split('@')[-1]!r} is not a database URL optuna can open ({exc}); use sqlite:///path.db or postgresql://...") from None
+        raise ConfigError(f"{source}: {redacted_url(url)!r} is not a database URL optuna can open ({exc}); use sqlite:///path.db or postgresql://...") from None
     except OperationalError as exc:
-        safe = url.split("@")[-1]
+        safe = redacted_url(url)
         raise ConfigError(f"{source}: cannot open {safe}: {str(exc.orig).strip().splitlines()[0]}; check the URL and that the database is up") from None
     except DatabaseError as exc:  # a damaged file: one line, never a traceback
         first = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-        raise ConfigError(f"{source}: {url.split('@')[-1]} is damaged ({first}); restore it from a backup or use another storage") from None
+        raise ConfigError(f"{source}: {redacted_url(url)} is damaged ({first}); restore it from a backup or use another storage") from None
     except (RuntimeError, SQLAlchemyError, optuna.exceptions.StorageInternalError) as exc:
         first = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-        raise ConfigError(f"{source}: {url.split('@')[-1]} is not a usable Optuna store ({first}); point it at another file or database") from None
+        raise ConfigError(f"{source}: {redacted_url(url)} is not a usable Optuna store ({first}); point it at another file or database") from None
 
 
 def _heartbeat_kwargs(heartbeat_s: int) -> dict:
@@ -74,13 +74,8 @@ def _heartbeat_kwargs(heartbeat_s: int) -> dict:
     return kwargs
 
 
-def _sqlite_path(url: str) -> Path | None:
-    path = url[len("sqlite:///"):] if url.startswith("sqlite:///") else ""
-    return Path(path).expanduser() if path and path != ":memory:" else None
-
-
 def _prepare_sqlite(url: str, source: str, create_dir: bool) -> None:
-    path = _sqlite_path(url)
+    path = sqlite_path(url)
     if path is None:
         return
     if not path.parent.exists():
@@ -97,7 +92,7 @@ def _check_postgres_driver(url: str, source: str) -> None:
         else:
             import psycopg  # noqa: F401  # SQLAlchemy 2.1's default PostgreSQL driver
     except ImportError:
-        raise ConfigError(f"{source}: {url.split('@')[-1]}: PostgreSQL needs its driver; pip install 'sglang-spec-tuner[postgres]'") from None
+        raise ConfigError(f"{source}: {redacted_url(url)}: PostgreSQL needs its driver; pip install 'sglang-spec-tuner[postgres]'") from None
 
 
 def _use_wal(path: Path, source: str) -> None:
@@ -156,7 +151,7 @@ def existing_storage(config: Config, url: str | None = None, source: str | None 
 
     url = url or config.storage_url
     source = source or storage_source(config)
-    path = _sqlite_path(url)
+    path = sqlite_path(url)
     if url.startswith("sqlite") and path is not None and not path.exists():
         raise TunerError(f"{source}: {path}: no such study database; run python -m tuner.optimize first, or pass --storage")
     return storage_for_url(url, source=source)
@@ -171,7 +166,7 @@ def load_existing_study(config: Config) -> optuna.Study:
     try:
         return optuna.load_study(study_name=config.study.name, storage=storage)
     except KeyError:
-        raise TunerError(f"no study {config.study.name!r} in {url.split('@')[-1]}; pass --study-name, or run python -m tuner.optimize first") from None
+        raise TunerError(f"no study {config.study.name!r} in {redacted_url(url)}; pass --study-name, or run python -m tuner.optimize first") from None
 
 
 def study_summaries(storage: optuna.storages.BaseStorage) -> list[dict]:

@@ -36,7 +36,7 @@ def fmt(value: Any, digits: int = 1) -> str:
 
 
 def _flags(trial: FrozenTrial) -> dict[str, Any]:
-    return trial.user_attrs.get("flags") or trial.params
+    return trial.user_attrs.get(record.FLAGS) or trial.params
 
 
 def _params_text(trial: FrozenTrial) -> str:
@@ -50,20 +50,26 @@ def _params_text(trial: FrozenTrial) -> str:
 
 
 def trial_line(trial: FrozenTrial, metric_names: list[str]) -> str:
-    if trial.user_attrs.get("baseline"):
-        head = f"baseline  {trial.user_attrs['baseline'].replace('_', ' '):<38}"
+    if trial.user_attrs.get(record.BASELINE):
+        head = f"baseline  {trial.user_attrs[record.BASELINE].replace('_', ' '):<38}"
     else:
         head = f"trial {trial.number:>3} {_params_text(trial):<38}"
     if trial.state == TrialState.COMPLETE:
         values = "  ".join(f"{n}={fmt(v)}" for n, v in zip(metric_names, trial.values))
-        spread = trial.user_attrs.get("single_tps_spread")
+        spread = trial.user_attrs.get(record.SINGLE_TPS_SPREAD)
         extra = f"  (±{spread * 100:.1f}%)" if isinstance(spread, float) else ""
-        accept = trial.user_attrs.get("accept_length")
+        accept = trial.user_attrs.get(record.ACCEPT_LENGTH)
         acc = f"  accept={accept:.2f}" if isinstance(accept, float) else ""
-        return f"{head} [green]COMPLETE[/green] {values}{extra}{acc}"
-    reason = escape(trial.user_attrs.get("fail_reason", ""))
+        return f"{head} [green]COMPLETE[/green] {values}{extra}{acc}{_request_tokens_text(trial)}"
+    reason = escape(trial.user_attrs.get(record.FAIL_REASON, ""))
     color = "yellow" if trial.state == TrialState.PRUNED else "red"
     return f"{head} [{color}]{trial.state.name}[/{color}] {reason}"
+
+
+def _request_tokens_text(trial: FrozenTrial) -> str:
+    """The KV footprint capacity was computed with, when it was measured (`request_tokens = "auto"`)."""
+    tokens = trial.user_attrs.get(record.REQUEST_TOKENS)
+    return f"  request_tokens={tokens:,} (auto)" if trial.user_attrs.get(record.REQUEST_TOKENS_AUTO) and isinstance(tokens, int) else ""
 
 
 def counts_line(study: optuna.Study) -> str:
@@ -93,9 +99,9 @@ def pareto_table(study: optuna.Study, metric_names: list[str]) -> Table:
             row.append(f"{value:g}" if isinstance(value, float) else fmt(value))
         row += [fmt(v) for v in t.values]
         row += [
-            fmt(t.user_attrs.get("accept_length"), 2),
-            fmt(t.user_attrs.get("max_running_requests")),
-            fmt(t.user_attrs.get("max_total_num_tokens")),
+            fmt(t.user_attrs.get(record.ACCEPT_LENGTH), 2),
+            fmt(t.user_attrs.get(record.MAX_RUNNING_REQUESTS)),
+            fmt(t.user_attrs.get(record.MAX_TOTAL_NUM_TOKENS)),
         ]
         table.add_row(*row)
     return table
@@ -119,8 +125,8 @@ def baselines_table(baselines: dict[str, FrozenTrial], metric_names: list[str]) 
             table.add_row(label, t.state.name, *[""] * (len(metric_names) + 1))
             failed.append(f"{label}: {t.state.name} {t.user_attrs.get(record.FAIL_REASON, '')}".rstrip())
             continue
-        table.add_row(label, *[fmt(v) for v in t.values], fmt(t.user_attrs.get("accept_length"), 2),
-                      fmt(t.user_attrs.get("max_running_requests")), fmt(t.user_attrs.get("max_total_num_tokens")))
+        table.add_row(label, *[fmt(v) for v in t.values], fmt(t.user_attrs.get(record.ACCEPT_LENGTH), 2),
+                      fmt(t.user_attrs.get(record.MAX_RUNNING_REQUESTS)), fmt(t.user_attrs.get(record.MAX_TOTAL_NUM_TOKENS)))
     if failed:
         table.caption = Text("\n".join(failed))
         table.caption_justify = "left"

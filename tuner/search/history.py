@@ -18,6 +18,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.sglang_args import SEARCHED, Params
 from tuner.results.record import params_of
+from tuner.results import record
 
 __all__ = ["Verdict", "check"]
 
@@ -54,14 +55,14 @@ def check(params: Params, trials: list[FrozenTrial], *, current: int | None = No
     is not yet known to match the study's must not reuse other machines' results).
     """
     if target is not None:
-        trials = [t for t in trials if f"{t.user_attrs.get('target')} {t.user_attrs.get('url')}" == target]
+        trials = [t for t in trials if f"{t.user_attrs.get(record.TARGET)} {t.user_attrs.get(record.URL)}" == target]
     for t in trials:
         # Only an EARLIER trial: two workers that drew the same flags at once would otherwise
         # each wait for the other, forever.
         if t.state == TrialState.RUNNING and (current is None or t.number < current) and params_of(t) == params:
-            return Verdict("running", f"trial {t.number} is measuring the same flags on {t.user_attrs.get('target', 'another worker')}", t)
+            return Verdict("running", f"trial {t.number} is measuring the same flags on {t.user_attrs.get(record.TARGET, 'another worker')}", t)
     for t in trials:
-        if t.user_attrs.get("duplicate_of") is not None or t.user_attrs.get("ruled_out_by") is not None:
+        if t.user_attrs.get(record.DUPLICATE_OF) is not None or t.user_attrs.get(record.RULED_OUT_BY) is not None:
             continue  # only trials that really ran are evidence
         other = params_of(t)
         if other is None:
@@ -70,7 +71,7 @@ def check(params: Params, trials: list[FrozenTrial], *, current: int | None = No
             return Verdict("duplicate", f"same flags as trial {t.number}", t)
         if t.state != TrialState.PRUNED:
             continue
-        kind = t.user_attrs.get("failure_kind")
+        kind = t.user_attrs.get(record.FAILURE_KIND)
         p, o = params, other
         if kind == "memory_graph" and all(
             _ge(getattr(p, k), getattr(o, k)) for k in _KEYS

@@ -4,7 +4,9 @@
 landscape, fitted after every launch (acceptance by depth, step time, the memory line and the
 graph-OOM edge), proposes the configuration with the largest expected hypervolume gain, and falls
 back to "edge" for a trial where it cannot fit (no memory_usage, SLO constraints, objectives it
-does not predict).  Chosen with benchmarks/sampler_benchmark.py
+does not predict).  Its P(start) is calibrated (issue #23, benchmarks/results/sampler_benchmark_memory.md:
+on landscapes with memory physics it was not written for, at most one failed launch per study at
+10 launches, and launches predicted at >= 0.9 started).  Chosen before that with benchmarks/sampler_benchmark.py
 (benchmarks/results/sampler_benchmark_model.md, 20 seeds, 13 landscapes of which 6 drawn from
 physical ranges): at 10 launches 96.4-98.6% of the exhaustive front's hypervolume (worst seed
 94.1%, <= 0.55 failed launches per study), where "edge" reaches 82-95% (worst seed 74%, up to
@@ -29,10 +31,17 @@ from optuna.trial import TrialState
 
 from tuner.config import ConstraintsConfig
 from tuner.errors import ConfigError
+from tuner.results import record
 
-__all__ = ["make_sampler", "SAMPLERS", "constraints_func", "MemoryEdgeSampler"]
+__all__ = ["make_sampler", "SAMPLERS", "constraints_func", "MemoryEdgeSampler", "searches_memory_edge"]
 
 SAMPLERS = ("auto", "model", "edge", "tpe", "nsga2", "random")
+
+
+def searches_memory_edge(name: str | None) -> bool:
+    """Whether the sampler named `name` walks mem_fraction_static down from the top (through
+    `MemoryEdgeSampler`), spending a few failed launches before the first measurement."""
+    return (name or "auto").lower() in ("auto", "model", "edge")
 
 
 def constraints_func(constraints: ConstraintsConfig):
@@ -44,7 +53,7 @@ def constraints_func(constraints: ConstraintsConfig):
 
     def values(trial: optuna.trial.FrozenTrial) -> Sequence[float]:
         # A trial that measured nothing (pruned, failed) counts as violating every SLO.
-        return trial.user_attrs.get("constraints") or [1e9] * count
+        return trial.user_attrs.get(record.CONSTRAINTS) or [1e9] * count
 
     return values
 
@@ -195,8 +204,8 @@ class MemoryEdgeSampler(optuna.samplers.BaseSampler):
                 continue
             if t.state == TrialState.COMPLETE:
                 started = max(started, index(m))
-            elif t.user_attrs.get("failure_kind") in ("memory_graph", "memory_runtime"):
-                if t.user_attrs.get("ruled_out_by") is None:  # a launch that failed, not an inference
+            elif t.user_attrs.get(record.FAILURE_KIND) in ("memory_graph", "memory_runtime"):
+                if t.user_attrs.get(record.RULED_OUT_BY) is None:  # a launch that failed, not an inference
                     failures += 1
                 smaller = all(
                     mine is None or theirs is None or theirs <= mine

@@ -9,14 +9,15 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from tuner.config import Config
+from tuner.config import Config, TargetConfig
+from tuner.errors import HostError
 from tuner.sglang_args import CommandLine, Params
 from tuner.server.client import ServerClient
 from tuner.server.control import ServiceControl, control_for
 from tuner.server.host import Shell, connect
 from tuner.server.launch import LaunchSpec, command_spec, launch_spec
 
-__all__ = ["Target", "connected", "resolved_command"]
+__all__ = ["Target", "connected", "resolved_command", "refuse_if_answering"]
 
 
 @dataclass
@@ -73,3 +74,12 @@ def resolved_command(config: Config, shell: Shell) -> CommandLine:
         return result.stdout
 
     return command.with_config_file(read) if command.has("config") else command
+
+
+def refuse_if_answering(client: ServerClient, target: TargetConfig) -> None:
+    """Before a command launches anything: with the process manager the URL must be free (a
+    server the tuner did not start would answer every request meant for ours, and every figure
+    would be its).  A systemd unit's own server is the one the tuner replaces, so it may answer."""
+    if target.manager == "process" and client.answers():
+        raise HostError(f"something already answers at {target.url} that the tuner did not start; "
+                        "stop it or point [target] url (and --port) elsewhere")

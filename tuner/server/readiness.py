@@ -18,11 +18,10 @@ from tuner.server.client import ServerClient, ServerInfo
 from tuner.server.control.base import ServiceControl
 from tuner.server.diagnose import classify, early_failure
 from tuner.server.launch import LaunchSpec
-from tuner.config import TargetConfig
-from tuner.errors import HostError, LaunchError, MeasureError
+from tuner.errors import LaunchError, MeasureError
 from tuner.sglang_args import CommandLine, Params
 
-__all__ = ["Ready", "wait_ready", "check_server_args", "refuse_if_answering"]
+__all__ = ["Ready", "wait_ready", "check_server_args"]
 
 _TERMINAL_GRACE_S = 5.0  # after a terminal log line, how long to wait for the exit status
 
@@ -111,16 +110,6 @@ def _drain_log(control: ServiceControl, wait_s: float = 3.0) -> str:
         if not new:
             time.sleep(0.3)
     return control.log()[-262144:]
-
-
-def refuse_if_answering(client: ServerClient, target: TargetConfig) -> None:
-    """Before a command launches anything: with the process manager the URL must be free (a
-    server the tuner did not start would answer every request meant for ours, and ours would
-    die on "address already in use": issue 25, `bench --flags` reporting another server's
-    figures).  A systemd unit's own server is the one the tuner replaces, so it may answer."""
-    if target.manager == "process" and client.answers():
-        raise HostError(f"something already answers at {target.url} that the tuner did not start; "
-                        "stop it or point [target] url (and --port) elsewhere")
 
 
 _IDENTITY = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens", "mem_fraction_static")

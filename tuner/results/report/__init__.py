@@ -11,7 +11,7 @@ from optuna.trial import TrialState
 
 from tuner.results.picks import measured_front
 from tuner.results.report.render import write_html, write_markdown
-from tuner.results.report.contents import Report, Table, baselines_for, choices_for, failures_table, metric_names_of, notes_for, pareto_for, summary_rows
+from tuner.results.report.contents import Choice, Plot, Report, Table, baselines_for, choices_for, classes_for, failures_table, metric_names_of, notes_for, pareto_for, summary_rows
 from tuner.results.report.adaptive_section import schedule_for
 from tuner.results.report.plots import acceptance_plot, capacity_plot, failure_plot, front_plot, hypervolume_plot
 
@@ -30,6 +30,7 @@ def build(study: optuna.Study, *, sampler: str | None = None, target: str | None
     plots = [front_plot(complete, front, names), acceptance_plot(complete), capacity_plot(complete, names),
              hypervolume_plot(finished), failure_plot(finished)]
     arms, over = baselines_for(study, names)
+    by_class, class_losses = classes_for(study, front)
     return Report(
         study_name=study.study_name,
         baselines=arms,
@@ -42,6 +43,8 @@ def build(study: optuna.Study, *, sampler: str | None = None, target: str | None
         plots=[p for p in plots if p is not None],
         generated=f"{datetime.now():%Y-%m-%d %H:%M}",
         schedule=schedule_for(study),
+        by_class=by_class,
+        class_losses=class_losses,
     )
 
 

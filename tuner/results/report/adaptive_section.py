@@ -11,7 +11,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.results import record
 from tuner.results import adaptive_table as sch
-from tuner.results.baselines import study_name_for
+from tuner.results.baselines import load_sibling
 from tuner.results.optuna_private import storage_of
 from tuner.results.report.contents import Table
 
@@ -35,7 +35,7 @@ def _role(t: FrozenTrial) -> str | None:
 def _by_level(t: FrozenTrial | None) -> dict[int, float]:
     if t is None or t.state != TrialState.COMPLETE or t.user_attrs.get(record.SPECULATIVE_ADAPTIVE) is False:
         return {}
-    raw = t.user_attrs.get("concurrent_tps_by_level") or {}
+    raw = t.user_attrs.get(record.CONCURRENT_TPS_BY_LEVEL) or {}
     return {int(k): float(v) for k, v in raw.items() if str(k).isdigit()}
 
 
@@ -53,9 +53,8 @@ def _comparison(rows: list[sch.Row], cfg: dict) -> Table:
 
 def schedule_for(study: optuna.Study) -> ScheduleSection | None:
     """The latest tuned table of `study`'s schedule launches, or None when it has none."""
-    try:
-        sibling = optuna.load_study(study_name=study_name_for(study.study_name), storage=storage_of(study))
-    except KeyError:
+    sibling = load_sibling(storage_of(study), study.study_name)
+    if sibling is None:
         return None
     trials = sorted(sibling.get_trials(deepcopy=False), key=lambda t: t.number)
     tuned = [t for t in trials if _role(t) == "tuned" and t.state.is_finished()]
@@ -69,7 +68,7 @@ def schedule_for(study: optuna.Study) -> ScheduleSection | None:
     except (ValueError, AttributeError):
         return None
     default = next((t for t in trials if t.number > last.number and _role(t) == "sglang_default"), None)
-    hardware = study.user_attrs.get("hardware")
+    hardware = study.user_attrs.get(record.HARDWARE)
     samples = sch.samples_from_trials(study.get_trials(deepcopy=False), source="study", hardware=hardware)
     samples += sch.samples_from_trials(trials, source="baselines", hardware=hardware, workload=workload)
     rows = sch.rows_for(sch.figures(samples, levels), levels, _by_level(default), _by_level(last))

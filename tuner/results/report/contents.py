@@ -9,7 +9,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.results import baselines
+from tuner.results import baselines, classes
 from tuner.results.optuna_private import storage_of
 from tuner.results.record import params_of
 from tuner.results.hypervolume import study_history
@@ -76,13 +76,17 @@ class Report:
     # front (tuner/search/model_sampler.py · predicted_front), set by tuner.report.
     predicted: Table | None = None
     predicted_note: str = ""
+    # Figures per request class of the front and the baselines (tuner/results/classes.py), and
+    # every front trial's classes slower than no speculation.
+    by_class: Table = field(default_factory=lambda: Table([], []))
+    class_losses: list[str] = field(default_factory=list)
 
 
 # --- reading trials -------------------------------------------------------------------------
 
 def param_of(trial: FrozenTrial, key: str) -> Any:
     """A searched flag's value as passed to the server: the `flags` attr, else trial.params."""
-    flags = trial.user_attrs.get("flags")
+    flags = trial.user_attrs.get(record.FLAGS)
     value = flags.get(key) if isinstance(flags, dict) else None
     if value is None:
         value = trial.params.get(key)
@@ -119,8 +123,8 @@ def summary_rows(study: optuna.Study, trials: list[FrozenTrial], names: list[str
         ("objectives", ", ".join(names) + " (all maximised)"),
         ("trials", f"{len(trials)}: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) if trials else "none yet"),
     ]
-    duplicates = sum(1 for t in trials if t.user_attrs.get("duplicate_of") is not None)
-    ruled_out = sum(1 for t in trials if t.user_attrs.get("ruled_out_by") is not None)
+    duplicates = sum(1 for t in trials if t.user_attrs.get(record.DUPLICATE_OF) is not None)
+    ruled_out = sum(1 for t in trials if t.user_attrs.get(record.RULED_OUT_BY) is not None)
     settled = [f"{duplicates} duplicate(s) of an earlier trial" if duplicates else "",
                f"{ruled_out} ruled out by an earlier memory failure" if ruled_out else ""]
     if duplicates or ruled_out:
@@ -128,7 +132,7 @@ def summary_rows(study: optuna.Study, trials: list[FrozenTrial], names: list[str
     rows.append(("Pareto front", f"{len(measured_front(study))} measured configuration(s)"))
     if sampler:
         rows.append(("sampler (config)", sampler))
-    where = sorted({str(t.user_attrs["target"]) for t in trials if t.user_attrs.get("target")})
+    where = sorted({str(t.user_attrs[record.TARGET]) for t in trials if t.user_attrs.get(record.TARGET)})
     if target and where and all(target.startswith(w + " ") for w in where):
         where = []  # every trial ran on the configured host
     if target or where:
@@ -164,11 +168,11 @@ def notes_for(trials: list[FrozenTrial], complete: list[FrozenTrial]) -> list[st
     if not complete:
         notes.append("No trial has completed yet: there is no Pareto front, best configuration or trade-off plot. "
                      "The pruned and failed trials below say what went wrong.")
-    no_flags = [t.number for t in trials if not isinstance(t.user_attrs.get("flags"), dict)]
+    no_flags = [t.number for t in trials if not isinstance(t.user_attrs.get(record.FLAGS), dict)]
     if no_flags:
         notes.append(f"{len(no_flags)} trial(s) carry no `flags` attribute (made by another tool?): their parameters "
                      "come from the trial's params, and missing measurements show as '-'.")
-    duplicates = [t.number for t in complete if t.user_attrs.get("duplicate_of") is not None]
+    duplicates = [t.number for t in complete if t.user_attrs.get(record.DUPLICATE_OF) is not None]
     if duplicates:
         notes.append(f"Trial(s) {', '.join(map(str, duplicates))} repeat an earlier trial's flags (`duplicate_of`) and "
                      "carry its values; the tables show only the trials that were measured.")
@@ -186,9 +190,9 @@ def pareto_for(study: optuna.Study, names: list[str], choices: list[Choice]) -> 
             str(t.number),
             *(_cell(param_of(t, key)) for key, _ in PARAM_COLUMNS),
             *(fmt(v) for v in t.values),
-            fmt(t.user_attrs.get("accept_length"), 2),
-            fmt(t.user_attrs.get("max_running_requests")),
-            fmt(t.user_attrs.get("max_total_num_tokens")),
+            fmt(t.user_attrs.get(record.ACCEPT_LENGTH), 2),
+            fmt(t.user_attrs.get(record.MAX_RUNNING_REQUESTS)),
+            fmt(t.user_attrs.get(record.MAX_TOTAL_NUM_TOKENS)),
             # What actually ran: topk > 1 silently switches fa3 to flashinfer on Hopper.
             f"{t.user_attrs.get(record.ATTENTION_BACKEND) or '-'} / {t.user_attrs.get(record.PAGE_SIZE) or '-'}",
             ", ".join(picked.get(t.number, [])),
@@ -214,10 +218,10 @@ def failures_table(trials: list[FrozenTrial]) -> Table:
     for t in trials:
         if t.state not in (TrialState.PRUNED, TrialState.FAIL):
             continue
-        kind = t.user_attrs.get("failure_kind") or "-"
-        if t.user_attrs.get("ruled_out_by") is not None:
-            kind = f"ruled out by {t.user_attrs['ruled_out_by']}"
-        reason = (str(t.user_attrs.get("fail_reason") or "").splitlines() or ["-"])[0]
+        kind = t.user_attrs.get(record.FAILURE_KIND) or "-"
+        if t.user_attrs.get(record.RULED_OUT_BY) is not None:
+            kind = f"ruled out by {t.user_attrs[record.RULED_OUT_BY]}"
+        reason = (str(t.user_attrs.get(record.FAIL_REASON) or "").splitlines() or ["-"])[0]
         rows.append([str(t.number), t.state.name, *(_cell(param_of(t, key)) for key, _ in PARAM_COLUMNS), kind, reason])
     return Table(header, rows)
 
@@ -233,7 +237,17 @@ def baselines_for(study: optuna.Study, names: list[str]) -> tuple[Table, list[st
         if t.state == TrialState.COMPLETE:
             figures = [fmt(v) for v in t.values]
         else:
-            figures = [str(t.user_attrs.get("fail_reason") or "-").splitlines()[0][:80]] + [""] * (len(names) - 1)
-        rows.append([kind.replace("_", " "), t.state.name.lower(), *figures, fmt(t.user_attrs.get("accept_length"), 2),
-                     fmt(t.user_attrs.get("max_running_requests")), fmt(t.user_attrs.get("max_total_num_tokens"))])
+            figures = [str(t.user_attrs.get(record.FAIL_REASON) or "-").splitlines()[0][:80]] + [""] * (len(names) - 1)
+        rows.append([kind.replace("_", " "), t.state.name.lower(), *figures, fmt(t.user_attrs.get(record.ACCEPT_LENGTH), 2),
+                     fmt(t.user_attrs.get(record.MAX_RUNNING_REQUESTS)), fmt(t.user_attrs.get(record.MAX_TOTAL_NUM_TOKENS))])
     return Table(header, rows), [line for c in baselines.compare(study, arms) for line in c.lines]
+
+
+def classes_for(study: optuna.Study, front: list[FrozenTrial]) -> tuple[Table, list[str]]:
+    """Per request class: the front's trials (best first objective first) and the baselines."""
+    arms = {k: t for k, t in baselines.load(storage_of(study), study.study_name).items() if t.state == TrialState.COMPLETE}
+    base = arms.get("no_speculation")
+    ordered = sorted(front, key=lambda t: -t.values[0])
+    labelled = [(f"trial {t.number}", t) for t in ordered] + [(k.replace("_", " "), t) for k, t in arms.items()]
+    losses = [f"trial {t.number}: {loss}" for t in ordered for loss in classes.losses(t, base)]
+    return Table(classes.CLASS_HEADER, classes.class_rows(labelled, base)), losses

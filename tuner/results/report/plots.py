@@ -13,6 +13,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.results.hypervolume import study_history
 from tuner.results.report.contents import DRAFT, MEM, TOPK, DPI, OUTCOMES, Plot, STEPS, as_number, param_of
+from tuner.results import record
 
 
 # --- plots ----------------------------------------------------------------------------------
@@ -49,7 +50,7 @@ def front_plot(complete: list[FrozenTrial], front: list[FrozenTrial], names: lis
 
 
 def acceptance_plot(complete: list[FrozenTrial]) -> Plot | None:
-    points = [(as_number(param_of(t, STEPS)), param_of(t, TOPK), as_number(t.user_attrs.get("accept_length")), param_of(t, DRAFT)) for t in complete]
+    points = [(as_number(param_of(t, STEPS)), param_of(t, TOPK), as_number(t.user_attrs.get(record.ACCEPT_LENGTH)), param_of(t, DRAFT)) for t in complete]
     points = [(s, k, a, d) for s, k, a, d in points if s is not None and a is not None]
     if not points:
         return None
@@ -86,7 +87,7 @@ def capacity_plot(complete: list[FrozenTrial], names: list[str]) -> Plot | None:
     if "capacity" in names:
         label, y_of = "capacity (requests)", (lambda t: t.values[names.index("capacity")])
     else:
-        label, y_of = "max_running_requests", (lambda t: as_number(t.user_attrs.get("max_running_requests")))
+        label, y_of = "max_running_requests", (lambda t: as_number(t.user_attrs.get(record.MAX_RUNNING_REQUESTS)))
     points = [(as_number(param_of(t, DRAFT)), as_number(param_of(t, MEM)), y_of(t)) for t in complete]
     points = [p for p in points if p[2] is not None and (p[0] is not None or p[1] is not None)]
     if not points:
@@ -144,9 +145,9 @@ def _outcome(trial: FrozenTrial) -> str:
         return "complete"
     if trial.state == TrialState.FAIL:
         return "fail"
-    if trial.user_attrs.get("ruled_out_by") is not None:
+    if trial.user_attrs.get(record.RULED_OUT_BY) is not None:
         return "ruled_out"
-    kind = trial.user_attrs.get("failure_kind")
+    kind = trial.user_attrs.get(record.FAILURE_KIND)
     return kind if kind in OUTCOMES else "pruned"
 
 

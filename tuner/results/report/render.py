@@ -63,6 +63,9 @@ def write_html(report: Report, path: Path) -> Path:
     if report.baselines.rows:
         parts.append("<h2>Baselines: what tuning adds</h2>" + _html_table(report.baselines, ("baseline", "state")))
         parts += [f"<p>{e(line)}</p>" for line in report.over_baselines]
+    if report.by_class.rows:
+        parts.append(f"<h2>Per request class</h2><p>{html.escape(_CLASSES_INTRO)}</p>" + _html_table(report.by_class, ("configuration", "class")))
+        parts += [f'<p class="note">slower than no speculation: {e(line)}</p>' for line in report.class_losses]
     parts += _schedule_html(report)
     if report.plots:
         parts.append("<h2>Figures</h2>")
@@ -82,6 +85,10 @@ def write_html(report: Report, path: Path) -> Path:
     return path
 
 
+_CLASSES_INTRO = ("Each request class of the workload ([bench] prompts' category, split by context_buckets), weighted by "
+                  "[bench] mix: single_tps is its single-stream decode rate, vs no speculation that rate over the no-speculation "
+                  "baseline's, concurrent_tps its share of the first level's steady-window rate.")
+
 _LEGEND = ("steps, topk, draft, mem: --speculative-num-steps, --speculative-eagle-topk, --speculative-num-draft-tokens, "
            "--mem-fraction-static; accept: average accept length; max_running: max_running_requests; "
            "kv_tokens: max_total_num_tokens. Sorted by the first objective.")
@@ -92,7 +99,7 @@ def _md_cell(value: str) -> str:
 
 
 def _md_table(table: Table) -> str:
-    lines = ["| " + " | ".join(table.header) + " |", "|" + "|".join("---:" if h not in ("kind", "reason", "state", "picked for", "baseline") else "---" for h in table.header) + "|"]
+    lines = ["| " + " | ".join(table.header) + " |", "|" + "|".join("---:" if h not in ("kind", "reason", "state", "picked for", "baseline", "configuration", "class") else "---" for h in table.header) + "|"]
     lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in table.rows]
     return "\n".join(lines)
 
@@ -114,6 +121,9 @@ def write_markdown(report: Report, path: Path) -> list[Path]:
         lines += ["## Pareto front", "", _md_table(report.pareto), "", _LEGEND, ""]
     if report.baselines.rows:
         lines += ["## Baselines: what tuning adds", "", _md_table(report.baselines), "", *(f"- {line}" for line in report.over_baselines), ""]
+    if report.by_class.rows:
+        lines += ["## Per request class", "", _CLASSES_INTRO, "", _md_table(report.by_class), ""]
+        lines += [f"- **slower than no speculation**: {line}" for line in report.class_losses] + ([""] if report.class_losses else [])
     lines += _schedule_md(report)
     written = []
     if report.plots:

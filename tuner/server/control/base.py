@@ -56,6 +56,12 @@ class ServiceControl(Protocol):
     def restore(self) -> None:
         """Leave the target as the operator had it before the run."""
 
+    def apply(self, spec: LaunchSpec, *, study: str) -> str:
+        """Start `spec` to stay after the tuner exits (`tuner.best --apply`); where it went."""
+
+    def unapply(self, also_remove: tuple[str, ...] = ()) -> str:
+        """Undo `apply`, removing `also_remove` (files installed with it); what it did."""
+
     def __enter__(self) -> "ServiceControl": ...
 
     def __exit__(self, *exc: object) -> None: ...

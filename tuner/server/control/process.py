@@ -176,6 +176,18 @@ class ProcessControl:
                 time.sleep(0.1)
         self.shell.run(f"rm -f {pid_file}")
 
+    def apply(self, spec: LaunchSpec, *, study: str) -> str:
+        """Start `spec` to be left running (`tuner.best --apply`); where its log goes."""
+        self.start(spec)
+        return f"{self.dir}/server.log"
+
+    def unapply(self, also_remove: tuple[str, ...] = ()) -> str:
+        """Undo `apply`: the applied server stopped (and `also_remove` removed); says what it did."""
+        self.stop()
+        if also_remove:
+            self.shell.run("rm -f " + " ".join(shlex.quote(p) for p in also_remove))
+        return ", ".join(["the applied server stopped", *(f"{p} removed" for p in also_remove)])
+
     def restore(self) -> None:
         if self._lock is not None and self._lock.held:  # never stop a server another tuner drives
             self.stop()

@@ -29,7 +29,7 @@ from tuner.server.host import Shell
 from tuner.server.launch import LaunchSpec
 from tuner.server.control.base import LogBuffer, OwnerLock, ServiceStatus
 
-__all__ = ["SystemdControl", "systemd_quote", "render_dropin", "DROPIN_NAME"]
+__all__ = ["SystemdControl", "systemd_quote", "render_dropin", "DROPIN_NAME", "APPLIED_NAME"]
 
 logger = logging.getLogger(__name__)
 
@@ -226,6 +226,15 @@ class SystemdControl:
         self._install(path, render_dropin(spec, original_state=None, study=study))
         self._restart()
         return path
+
+    def unapply(self, also_remove: tuple[str, ...] = ()) -> str:
+        """Undo `apply`: its drop-in (and `also_remove`, files installed beside it) removed and
+        the unit restarted on its own command; says what it did."""
+        path = f"{self.dropin_dir}/{APPLIED_NAME}"
+        removed = " ".join(shlex.quote(p) for p in (path, *also_remove))
+        self._run(f"rm -f {removed} && systemctl daemon-reload")
+        self._run(f"systemctl restart {self.unit}", check=False)
+        return f"{' and '.join((path, *also_remove))} removed, {self.unit} restarted on its own command"
 
     def restore(self) -> None:
         """Remove the drop-in and leave the unit as it was (or running the best configuration)."""
