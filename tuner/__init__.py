@@ -13,6 +13,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from tuner.interrupts import quiet_start
+
+quiet_start()  # `python -m tuner.<command>`: a Ctrl-C during its imports is one line, not a traceback
+
 __all__ = ["load_config", "run_study", "Config", "TunerError", "ConfigError", "HostError", "LaunchError", "MeasureError"]
 __version__ = "0.1.0"
 

@@ -1,7 +1,6 @@
 """`python -m tuner` is `python -m tuner.optimize`."""
 
-import sys
-
+from tuner.cli import exit_with
 from tuner.optimize import main
 
-sys.exit(main())
+exit_with(main())

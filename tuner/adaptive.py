@@ -34,6 +34,7 @@ from tuner.measure.workload import bench_workload
 from tuner.progress import LineReporter
 from tuner.results import artifacts, baselines, record
 from tuner.results import adaptive_table as sch
+from tuner.results import adaptive_reuse as reuse
 from tuner.results.optuna_private import storage_of, trial_id_of
 from tuner.results.storage import load_existing_study
 from tuner.sequence import Target, connected, launch, measure_server
@@ -62,6 +63,8 @@ class Plan:
     workload: dict
     samples: list[sch.Sample] = field(default_factory=list)
     failed: dict[int, str] = field(default_factory=dict)  # steps -> why its launch failed
+    fraction: float | None = None  # the one mem_fraction_static of the table's launches (results/adaptive_reuse.py)
+    set_aside: dict[str, str] = field(default_factory=dict)  # "study#3" -> why its figures are not used
 
     @property
     def figs(self) -> dict[int, dict[int, sch.Figure]]:
@@ -125,18 +128,41 @@ def gather(plan: Plan) -> None:
             role = t.user_attrs.get(record.SCHEDULE) or {}
             if role.get("role") == "static" and t.state.name in ("PRUNED", "FAIL") and role.get("workload") == plan.workload:
                 plan.failed[int(role["steps"])] = t.user_attrs.get(record.FAIL_REASON, t.state.name)
-    plan.samples = [s for s in samples if s.steps in plan.steps]
+    samples = [s for s in samples if s.steps in plan.steps]
+    plan.fraction = reuse.table_fraction(samples, _fallback_fraction(plan))
+    plan.samples, dropped = reuse.at_fraction(samples, plan.fraction)
+    plan.set_aside = {**reuse.not_reusable(plan.study.get_trials(deepcopy=False), plan.levels), **dropped}
+
+
+def _fallback_fraction(plan: Plan) -> float | None:
+    """With no reusable launch: the command's own fraction, else the one the study's complete
+    trials ran at most (a fraction known to start), else SGLang's default (None)."""
+    own = plan.config.server.command_line.params().mem_fraction_static
+    ran = [(t.user_attrs.get(record.FLAGS) or {}).get("mem_fraction_static") for t in plan.study.get_trials(deepcopy=False)
+           if t.state.name == "COMPLETE"]
+    ran = [f for f in ran if isinstance(f, float)]
+    return own if own is not None else (max(set(ran), key=ran.count) if ran else None)
+
+
+def announce(plan: Plan, say: Callable[[str], None]) -> None:
+    """Before any launch: what is reused, what is not and why, what is launched, at which
+    fraction, and an estimate of the time it takes."""
+    todo = [s for s in sch.missing_steps(plan.figs, plan.steps) if s not in plan.failed]
+    reused: dict[int, list[str]] = {}
+    for s in plan.samples:
+        reused.setdefault(s.steps, []).append(s.source)
+    cost = reuse.launch_cost(plan.study.get_trials(deepcopy=False), len(plan.config.bench.concurrency_levels) / len(_study_levels(plan)))
+    for line in reuse.launch_plan_lines(reused, todo, plan.fraction, cost, plan.set_aside):
+        say(line)
 
 
 def static_spec(plan: Plan, target: Target, steps: int) -> LaunchSpec:
-    """Steps 0: the command without speculation; else topk 1, draft steps + 1, at the memory
-    fraction this steps value (or the nearest larger one) ran with."""
+    """Steps 0: the command without speculation; else topk 1, draft steps + 1, at the table's
+    one memory fraction (`plan.fraction`)."""
     command = plan.config.server.command_line
     if steps == 0:
         return target.command_spec(command.without_speculation())
-    base = command.params().mem_fraction_static
-    mfs = sch.launch_mem_fraction(plan.samples, steps, base)
-    return target.spec(Params(steps, 1, steps + 1, mfs))
+    return target.spec(Params(steps, 1, steps + 1, plan.fraction))
 
 
 @dataclass
@@ -359,6 +385,7 @@ def run(config: Config, *, levels: list[int] | None, out: Path, verify: bool, ap
     shows it), verify it unless not `verify`, install it if `apply`; the table and its text."""
     plan = plan_for(config, load_existing_study(config), levels)
     gather(plan)
+    announce(plan, lambda line: print(line, file=sys.stderr, flush=True))
     needs_launch = any(s not in plan.failed for s in sch.missing_steps(plan.figs, plan.steps))
     if needs_launch or verify:
         with connected(plan.config) as target:

@@ -16,13 +16,13 @@ import sys
 from rich.markup import escape
 
 from tuner import output
-from tuner.cli import consoles, guarded, in_config, parser
+from tuner.cli import consoles, exit_with, guarded, in_config, parser
 from tuner.config import DEFAULT_CONFIG, load_config
 from tuner.errors import ConfigError, LaunchError, TunerError
 from tuner.measure.objectives import check_classes, load_objectives
 from tuner.measure.runner import Measurement
 from tuner.measure.workload import bench_workload
-from tuner.sequence import connected, launch_and_measure, measure_running
+from tuner.sequence import connected, launch_and_measure, measure_running, refuse_if_answering
 
 __all__ = ["main", "warnings_for", "build_parser", "blame_flags"]
 
@@ -62,10 +62,11 @@ def _measure(args, err) -> tuple:
     except ValueError as exc:
         raise ConfigError(f"--flags: {exc}") from None
     with connected(config) as target:
+        refuse_if_answering(target.client, config.target)
         spec = target.spec(config.server.command_line.params(), extra=extra)
         err.print(f"launching: {spec.launch_command}", highlight=False, markup=False)
-        ready, m = launch_and_measure(target, spec, workload, phase=phase)
-        err.print(f"ready in {ready.startup_s:.1f} s", highlight=False)
+        _, m = launch_and_measure(target, spec, workload, phase=phase,
+                                  on_ready=lambda ready: err.print(f"ready in {ready.startup_s:.1f} s", highlight=False))
     return config, objectives, m
 
 
@@ -112,4 +113,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())

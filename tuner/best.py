@@ -19,7 +19,7 @@ import sys
 import optuna
 
 from tuner import output
-from tuner.cli import consoles, guarded, parser
+from tuner.cli import consoles, exit_with, guarded, parser
 from tuner.config import DEFAULT_CONFIG, apply_overrides, load_config
 from tuner.errors import TunerError
 from tuner.results import classes
@@ -107,4 +107,4 @@ def _print_predicted(study: optuna.Study, config) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())

@@ -48,7 +48,9 @@ _UNIT_RE = re.compile(r"^[A-Za-z0-9:_.@-]{1,200}$")
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+    # Strict: TOML has its own types, so `max_tokens = "128"` is a mistake to name, not a string
+    # to convert silently (an int still fills a float: `temperature = 0`).
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class IntRange(_Section):
@@ -477,6 +479,32 @@ class Config(_Section):
         return path if path.is_absolute() else Path(self.base_dir) / path
 
 
+_TYPED = {"int_type": "a whole number", "float_type": "a number", "bool_type": "true or false", "list_type": "a list"}
+
+
+def _quoted(text: str, kind: str) -> str:
+    """A value written as a TOML string where a number, a boolean or a list belongs."""
+    if kind == "list_type":
+        items = ", ".join(part.strip() for part in text.split(",") if part.strip())
+        return f"is the string {text!r}, not a list; write it as a list: [{items}]"
+    bare = text.strip().lower() if kind == "bool_type" else text.strip()
+    try:
+        fits = bare in ("true", "false") if kind == "bool_type" else bool(int(bare) if kind == "int_type" else float(bare)) or True
+    except ValueError:
+        fits = False
+    if fits:
+        return f"is the string {text!r}, not {_TYPED[kind]}; write it without quotes: {bare}"
+    return f"is the string {text!r}; give {_TYPED[kind]}"
+
+
+def _first_error(errors: list[dict[str, Any]]) -> dict[str, Any]:
+    """The error to report.  A `{ low, high }` or `{ choices }` key is tried as each shape, and
+    the shape the user did not mean reports "low: is required": a wrong value in the keys
+    written says more than a key missing from the other shape."""
+    written = [e for e in errors if e["type"] not in ("missing", "extra_forbidden")]
+    return (written or errors)[0]
+
+
 def sqlite_path(url: str) -> Path | None:
     """The file of a `sqlite:///path` URL (`~` expanded); None for another store or `:memory:`.
     The one parser of sqlite URLs (the store, the report's folder, the artifacts, --dry-run)."""
@@ -499,6 +527,8 @@ def _describe(error: dict[str, Any]) -> str:
         message = "unknown key; check its spelling against the README's config reference"
     elif error["type"] == "missing":
         message = "is required"
+    elif isinstance(error.get("input"), str) and error["type"] in _TYPED:
+        message = _quoted(error["input"], error["type"])
     section = f"[{loc[0]}]" if loc else ""
     key = " ".join(loc[1:])
     return f"{section} {key}: {message}".replace(" :", ":").strip()
@@ -515,7 +545,7 @@ def _parse(path: str, text: str, base_dir: str) -> Config:
     try:
         config = Config.model_validate({**data, "path": path, "base_dir": base_dir})
     except ValidationError as exc:
-        first = exc.errors()[0]
+        first = _first_error(exc.errors())
         if first["type"] == "extra_forbidden" and len(first["loc"]) == 1:
             raise ConfigError(
                 f"{path}: unknown section [{first['loc'][0]}]; sections are [study], [target], "

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
-import sys
 import warnings
 
 import optuna
 from rich.markup import escape
 
 from tuner import output
-from tuner.cli import EXIT_INTERRUPTED, consoles, error, in_config, parser
+import tuner.interrupts as interrupts
+from tuner.cli import EXIT_INTERRUPTED, consoles, error, exit_with, in_config, parser
 from tuner.config import DEFAULT_CONFIG, apply_overrides, load_config
 from tuner.errors import ConfigError, TunerError
 from tuner.progress import RichReporter
@@ -49,10 +48,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def _logger(path: str | None) -> logging.Logger | None:
     """`--log-file`: the run's lines and the tuner's own INFO log, appended to a file."""
     if not path:
@@ -66,7 +61,9 @@ def _logger(path: str | None) -> logging.Logger | None:
     for name in ("tuner", "tuner.run"):
         logging.getLogger(name).addHandler(handler)
         logging.getLogger(name).setLevel(logging.INFO)
-    return logging.getLogger("tuner.run")
+    run = logging.getLogger("tuner.run")
+    run.propagate = False  # the run's lines are on the console already, and once in the file
+    return run
 
 
 def _config(args):
@@ -79,13 +76,16 @@ def _config(args):
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:  # --log-file sets the tuner's loggers to INFO: stderr keeps -v's level
+        handler.setLevel(logging.INFO if args.verbose else logging.WARNING)
+    for noisy in ("httpx", "httpx2", "httpcore", "openai"):  # -v is the tuner's steps, not a line per HTTP request
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     out, err = consoles()
     if args.trials < 0:
         return error("--trials must be >= 0")
-    # SIGTERM (systemd stop, kill) unwinds like Ctrl-C, so the target is restored.
-    signal.signal(signal.SIGTERM, _interrupt)
+    interrupts.install()  # SIGTERM unwinds like Ctrl-C; a second signal waits for the bookkeeping
     try:
         log = _logger(args.log_file)
         config = _config(args)
@@ -96,8 +96,8 @@ def main(argv: list[str] | None = None) -> int:
                                reporter=reporter, timeout_s=args.timeout, patience=args.patience)
     except TunerError as exc:
         return error(in_config(str(exc), args.config))
-    except KeyboardInterrupt:
-        err.print("interrupted: the running trial is recorded as FAIL (interrupted); the target was restored", highlight=False)
+    except KeyboardInterrupt as exc:
+        err.print(str(exc) if isinstance(exc, interrupts.Interrupted) else interrupts.NOTHING_RAN_LINE, highlight=False, markup=False)
         return EXIT_INTERRUPTED
     output.show(output.study_view(result, config, args.trials), output.format_of(args), out)
     if result.fatal is not None:
@@ -115,4 +115,4 @@ def _dry_run(config, args, out, err) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())

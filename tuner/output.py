@@ -135,8 +135,9 @@ def _study_json(result: RunResult, config: Config, names: list[str], comparisons
 
 def plan_view(p: DryRunPlan) -> View:
     """`--dry-run`: what the run would launch first and what it would cost."""
+    listening = "a server answers there now (each launch replaces it)" if p.answers else "nothing answers there yet"
     blocks: list[RenderableType | str] = [Text(f"dry run of study {p.study} in {p.storage}: {p.earlier_trials} earlier trial(s); "
-                                               f"target {p.target}, {p.url}: reachable, nothing started")]
+                                               f"target {p.target} reached, {p.url}: {listening}; nothing started")]
     for launch in p.launches:
         label = f"baseline {launch['baseline'].replace('_', ' ')}" if "baseline" in launch else f"trial {launch['trial']} ({launch['source']})"
         blocks.append(Text(f"{label}: {launch['launch_command']}"))
@@ -247,6 +248,8 @@ def list_view(rows: list[dict], storage_url: str) -> View:
     for row in rows:
         best = "  ".join(f"{k}={v:,.1f}" for k, v in row["best"].items()) or "nothing measured"
         counts = ", ".join(f"{n} {s}" for s, n in row["trials"].items()) or "no trials"
+        if row.get("kinds"):  # a baselines sibling holds tuner.schedule's launches too
+            counts += " (" + ", ".join(f"{n} {k}" for k, n in row["kinds"].items() if n) + ")"
         lines.append(Text(f"{row['study']:<24} {counts:<40} best: {best}"))
         table.add_row(row["study"], counts, best)
     return View(rows, lines, markdown=[table])

@@ -125,8 +125,10 @@ class RichReporter:
             self.progress.update(self.task, description=f"baseline {kind.replace('_', ' ')}", phase="launching", eta=self._eta())
 
     def phase(self, text: str):
+        if self.log is not None:  # the log file shows where the run is (a test waits for a moment by it)
+            self.log.info("phase: %s", text)
         if self.task is not None:
-            self.progress.update(self.task, phase=text, eta=self._eta())
+            self.progress.update(self.task, phase=escape(text), eta=self._eta())  # a reason may say "[server]"
 
     def trial_finished(self, trial):
         self.durations.append(time.monotonic() - self.current_started)

@@ -16,7 +16,7 @@ from pathlib import Path
 import optuna
 
 from tuner import adaptive, output
-from tuner.cli import consoles, guarded, parser
+from tuner.cli import consoles, exit_with, guarded, parser
 from tuner.config import DEFAULT_CONFIG, apply_overrides, load_config
 from tuner.errors import ConfigError
 from tuner.results import adaptive_table as sch
@@ -66,4 +66,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())

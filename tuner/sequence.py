@@ -17,11 +17,12 @@ from tuner.measure.runner import Measurement, measure
 from tuner.measure.workload import Workload
 from tuner.errors import ConfigError, LaunchError
 from tuner.server.client import ServerClient, ServerInfo
-from tuner.server.connection import Target, connected
+from tuner.server.connection import Target, connected, refuse_if_answering
+from tuner.server.diagnose import classify
 from tuner.server.launch import LaunchSpec
 from tuner.server.readiness import Ready, wait_ready
 
-__all__ = ["Target", "connected", "launch", "measure_server", "launch_and_measure", "measure_running"]
+__all__ = ["Target", "connected", "launch", "measure_server", "launch_and_measure", "measure_running", "refuse_if_answering"]
 
 Phase = Callable[[str], None]
 
@@ -38,11 +39,13 @@ def launch(target: Target, spec: LaunchSpec, *, phase: Phase = lambda _: None) -
     cfg = target.config.target
     for attempt in range(PORT_BUSY_RETRIES + 1):
         phase("launching")
+        # The server's startup_time is compared with the launch on the same clock only.
+        launched_at = None if cfg.is_remote else time.time()
         target.control.start(spec)
         phase("waiting for the server")
         try:
             return wait_ready(target.control, target.client, params=spec.params, timeout_s=cfg.ready_timeout_s,
-                              poll_s=cfg.poll_interval_s, url=cfg.url)
+                              poll_s=cfg.poll_interval_s, url=cfg.url, spec=spec, launched_at=launched_at)
         except LaunchError as exc:
             if exc.kind != "port_busy" or attempt == PORT_BUSY_RETRIES:
                 raise
@@ -56,17 +59,32 @@ def measure_server(target: Target, info: ServerInfo, workload: Workload, *, phas
                    bench: BenchConfig | None = None) -> Measurement:
     """Run the configured benchmark (or `bench`) against a ready server; raise `MeasureError`
     if it fails.  The configured one includes the search over load when an objective needs it."""
-    return measure(url=target.config.target.url, bench=bench or target.config.bench, info=info, workload=workload,
-                   client=target.client, api_key=target.api_key, slo=None if bench else target.config.sweep_slo,
-                   progress=lambda name, done, total: phase(f"{name} {done}/{total}"))
+    m = measure(url=target.config.target.url, bench=bench or target.config.bench, info=info, workload=workload,
+                client=target.client, api_key=target.api_key, slo=None if bench else target.config.sweep_slo,
+                progress=lambda name, done, total: phase(f"{name} {done}/{total}"))
+    _still_running(target)
+    return m
 
 
-def launch_and_measure(target: Target, spec: LaunchSpec, workload: Workload, *,
-                       phase: Phase = lambda _: None) -> tuple[Ready, Measurement]:
-    """The whole sequence for callers with nothing to record in between; the server is
-    stopped afterwards, measured or not."""
+def _still_running(target: Target) -> None:
+    """The figures are the launched server's only if it still runs: one that died while the
+    requests were answered (SGLang's "address already in use" once its weights loaded) was
+    not the server measured."""
+    status, _ = target.control.poll()
+    if status.state in ("exited", "stopped", "failed"):
+        failure = classify(target.control.log()[-262144:], status.exit_code, params="")
+        raise LaunchError(f"the launched server exited during the benchmark ({failure.reason}), yet requests were answered: "
+                          f"another server answers at {target.config.target.url}; stop it or point [target] url at the server "
+                          "the tuner launches", kind="fatal", fatal=True, log_tail=target.control.log()[-20000:])
+
+
+def launch_and_measure(target: Target, spec: LaunchSpec, workload: Workload, *, phase: Phase = lambda _: None,
+                       on_ready: Callable[[Ready], None] = lambda _: None) -> tuple[Ready, Measurement]:
+    """The whole sequence for callers with nothing to record in between (`on_ready` is told
+    before the benchmark starts); the server is stopped afterwards, measured or not."""
     try:
         ready = launch(target, spec, phase=phase)
+        on_ready(ready)
         return ready, measure_server(target, ready.info, workload, phase=phase)
     finally:
         target.control.stop()

@@ -23,10 +23,12 @@ from tuner.results.optuna_private import storage_of
 from tuner.results.picks import pick
 from tuner.results.storage import open_storage
 from tuner.results.record import params_of
-from tuner.search.recovery import recover_stale_trials
+from tuner.search.recovery import fail_interrupted, recover_stale_trials
 from tuner.search.samplers import make_sampler
 from tuner.search.space import check_compatible
 from tuner.search.warm_start import warm_start
+from tuner.interrupts import Interrupted
+from tuner.results.terminal import interrupted_line
 from tuner.sequence import connected
 from tuner.server.connection import refuse_if_answering
 from tuner.trial import TrialRunner
@@ -100,7 +102,8 @@ def _stop_rule(patience: int | None, reporter: Reporter) -> Callable[[optuna.Stu
 
 def run_study(config: Config, *, trials: int, sampler_name: str | None = None, seed: int | None = None,
               reporter: Reporter | None = None, timeout_s: float | None = None, patience: int | None = None) -> RunResult:
-    """Run `trials` trials of the config's study (resuming it if it exists)."""
+    """Run `trials` trials of the config's study (resuming it if it exists).  A Ctrl-C or
+    SIGTERM raises `Interrupted` once the target is restored, saying what it interrupted."""
     reporter = reporter or SilentReporter()
     study, objectives = open_study(config, sampler_name=sampler_name, seed=seed)
     check_compatible(config.space, study)
@@ -114,39 +117,50 @@ def run_study(config: Config, *, trials: int, sampler_name: str | None = None, s
     if trials == 0:  # shows the study: nothing is launched, not even a baseline
         result.baselines = baselines.load(storage_of(study), study.study_name) if config.study.baselines else {}
         return result
-    with connected(config) as target:
-        refuse_if_answering(target.client, config.target)
-        runner = TrialRunner(config=config, target=target, workload=workload, objectives=objectives,
-                             reporter=reporter, store=artifacts.open_store(config))
-        reporter.run_started(study, config, trials)
-        if config.bench.ignore_eos:
-            reporter.warning(IGNORE_EOS_WARNING)
-        try:
-            result.baselines = _measure_baselines(config, runner, study, reporter) if config.study.baselines else {}
-        except LaunchError as exc:
-            if not exc.fatal:
-                raise
-            result.fatal = exc
-            result.baselines = baselines.load(storage_of(study), study.study_name)
-            return result
-        if config.study.enqueue_current:
-            warm_start(config, study, command=target.command)
-        before = _started(study)
-        try:
-            study.optimize(runner, n_trials=trials, timeout=timeout_s, catch=(MeasureError,), gc_after_trial=False,
-                           callbacks=[lambda s, t: reporter.trial_finished(t), _stop_rule(patience, reporter)])
-        except LaunchError as exc:
-            if not exc.fatal:
-                raise
-            result.fatal = exc
-        except Exception:
-            resilient.reraise_outage(study)  # the database stayed away: one line, not Optuna's traceback
-            raise
-        result.trials_run = _started(study) - before
-        if config.target.leave_best and result.fatal is None:
-            _leave_best(study, target, reporter)
+    try:
+        with connected(config) as target:
+            _run_on_target(config, target, result, workload, trials=trials, reporter=reporter,
+                           timeout_s=timeout_s, patience=patience)
+    except KeyboardInterrupt:
+        raise Interrupted(interrupted_line(fail_interrupted(study))) from None
     _note_baselines(study, result.baselines, reporter)
     return result
+
+
+def _run_on_target(config: Config, target, result: RunResult, workload, *, trials: int, reporter: Reporter,
+                   timeout_s: float | None, patience: int | None) -> None:
+    """Baselines, warm start and trials on the connected target, into `result`."""
+    study = result.study
+    refuse_if_answering(target.client, config.target)
+    runner = TrialRunner(config=config, target=target, workload=workload, objectives=result.objectives,
+                         reporter=reporter, store=artifacts.open_store(config))
+    reporter.run_started(study, config, trials)
+    if config.bench.ignore_eos:
+        reporter.warning(IGNORE_EOS_WARNING)
+    try:
+        result.baselines = _measure_baselines(config, runner, study, reporter) if config.study.baselines else {}
+    except LaunchError as exc:
+        if not exc.fatal:
+            raise
+        result.fatal = exc
+        result.baselines = baselines.load(storage_of(study), study.study_name)
+        return
+    if config.study.enqueue_current:
+        warm_start(config, study, command=target.command)
+    before = _started(study)
+    try:
+        study.optimize(runner, n_trials=trials, timeout=timeout_s, catch=(MeasureError,), gc_after_trial=False,
+                       callbacks=[lambda s, t: reporter.trial_finished(t), _stop_rule(patience, reporter)])
+    except LaunchError as exc:
+        if not exc.fatal:
+            raise
+        result.fatal = exc
+    except Exception:
+        resilient.reraise_outage(study)  # the database stayed away: one line, not Optuna's traceback
+        raise
+    result.trials_run = _started(study) - before
+    if config.target.leave_best and result.fatal is None:
+        _leave_best(study, target, reporter)
 
 
 def _note_baselines(study: optuna.Study, arms: dict, reporter: Reporter) -> None:

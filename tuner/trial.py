@@ -62,6 +62,14 @@ class TrialRunner:
 
     # -- Optuna's objective ---------------------------------------------------------------
     def __call__(self, trial: optuna.Trial) -> list[float]:
+        try:
+            return self._propose_and_run(trial)
+        except KeyboardInterrupt:  # before the launch (the proposal, a wait): the reason all the same
+            if record.FAIL_REASON not in trial.user_attrs:
+                record.record_failure(trial, record.INTERRUPTED)
+            raise
+
+    def _propose_and_run(self, trial: optuna.Trial) -> list[float]:
         params = suggest(trial, self.config.space, self.base)
         spec = self.target.spec(params)
         self._record_launch(trial, spec, flags=params.as_dict())
@@ -121,6 +129,17 @@ class TrialRunner:
 
     # -- the launch -> ready -> measure sequence, recorded ------------------------------------
     def run(self, trial: optuna.Trial, spec: LaunchSpec) -> list[float]:
+        """Launch, measure, score and record one trial.  A Ctrl-C or SIGTERM at any moment of it
+        (the launch, the benchmark, the bookkeeping of its outcome) ends it FAIL "interrupted"
+        with its log tail and server log, the server stopped; a second signal waits for that
+        (`tuner.interrupts`)."""
+        try:
+            return self._run(trial, spec)
+        except KeyboardInterrupt:
+            self._failed(trial, spec, record.INTERRUPTED, state="FAIL")
+            raise
+
+    def _run(self, trial: optuna.Trial, spec: LaunchSpec) -> list[float]:
         phase = self.reporter.phase
         try:
             ready = launch(self.target, spec, phase=phase)
@@ -129,9 +148,6 @@ class TrialRunner:
             if self.config.study.enqueue_current and trial.study.study_name == self.config.study.name:
                 family_default_from_server(self.config, trial.study, ready.info.architecture, self.target.command)
             m = measure_server(self.target, ready.info, self.workload, phase=phase)
-        except KeyboardInterrupt:
-            self._failed(trial, spec, record.INTERRUPTED, state="FAIL")
-            raise
         except HostError as exc:
             record.record_failure(trial, redact(str(exc), spec.secrets))
             raise

@@ -39,7 +39,7 @@ def test_minimal_config_gets_the_contract_defaults():
         ("[space]\nmem_fraction_static = { low = 0.5, high = 1.2 }", "x.toml [space]: mem_fraction_static: values must lie in (0, 1), got [1.2]"),
         ("[space]\nspeculative_num_draft_tokens = { low = 1, high = 8 }", "x.toml [space]: speculative_num_draft_tokens: low must be >= 2, got 1"),
         ("[bench]\nconcurency = 8", "x.toml [bench] concurency: unknown key; check its spelling against the README's config reference"),
-        ("[bench]\nmax_tokens = \"many\"", "x.toml [bench] max_tokens: Input should be a valid integer, unable to parse string as an integer"),
+        ("[bench]\nmax_tokens = \"many\"", "x.toml [bench] max_tokens: is the string 'many'; give a whole number"),
         ("[target]\nmanager = \"systemd\"", "x.toml [target]: manager = \"systemd\" needs unit = \"<the service's unit name>\""),
         ("[target]\nurl = \"localhost:30000\"", "x.toml [target] url: 'localhost:30000' is not an http(s) URL like \"http://127.0.0.1:30000\""),
         ("[target]\nhost = \"me@gpu1\"\nidentity_file = \"/no/such/key\"", "x.toml [target] identity_file: /no/such/key does not exist; fix the path"),

@@ -17,7 +17,7 @@ PKG = ROOT / "tuner"
 # HTTP client; results reads measurements; search reads results; the sequence, the trial and
 # the study sit above the rooms; the command-line modules on top.
 LAYERS = [
-    ("tuner.errors",),
+    ("tuner.errors", "tuner.interrupts"),
     ("tuner.sglang_args",),
     ("tuner.config",),
     ("tuner.server",),

@@ -90,23 +90,33 @@ def _per_class_text(complete: list[FrozenTrial]) -> str:
     return f"; single stream per class: {', '.join(parts)}" if parts else ""
 
 
+# The project's emulator loads in seconds instead of minutes (README, "Quick start"); the demo's
+# launches measured ~3 s start-up and ~17 s of benchmark (five request classes), the defaults before it has history.
+EMULATOR_STARTUP_S = 3.0
+EMULATOR_MEASURE_S = 17.0
+
+
 def estimate(trials: list[FrozenTrial], *, n_trials: int, n_baselines: int, gpus: int | None,
-             memory_edge_searched: bool = True, concurrent_cap_s: float | None = None, load_sweep: bool = False) -> Estimate:
+             memory_edge_searched: bool = True, concurrent_cap_s: float | None = None, load_sweep: bool = False,
+             emulator: bool = False) -> Estimate:
     """The run's duration from `trials` (the study's and its baselines', finished);
     `concurrent_cap_s`: what `[bench] level_seconds` caps the concurrent levels at, shown beside;
-    `load_sweep`: the search over load behind slo_capacity runs in each measurement."""
+    `load_sweep`: the search over load behind slo_capacity runs in each measurement.
+    Before any history: a real server's defaults, or the emulator's when the command runs it."""
+    default_startup, default_measure = (EMULATOR_STARTUP_S, EMULATOR_MEASURE_S) if emulator else (DEFAULT_STARTUP_S, DEFAULT_MEASURE_S)
+    default = "the emulator's default" if emulator else "default"
     complete = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get(record.DUPLICATE_OF) is None]
     launched_pruned = [t for t in trials if t.state == TrialState.PRUNED and t.user_attrs.get(record.RULED_OUT_BY) is None]
     sources = []
     startup = _median([t.user_attrs.get(record.STARTUP_S) for t in complete])
     sources.append(f"start-up {startup:.0f} s (median of {len(complete)} earlier launch(es))" if startup
-                   else f"start-up {DEFAULT_STARTUP_S:.0f} s (default: no launch measured yet)")
-    startup = startup or DEFAULT_STARTUP_S
+                   else f"start-up {default_startup:.0f} s ({default}: no launch measured yet)")
+    startup = startup or default_startup
     measure = _median([t.user_attrs.get(record.MEASURE_S) for t in complete])
     cap = f", concurrent levels capped at {concurrent_cap_s:.0f} s by [bench] level_seconds" if concurrent_cap_s else ""
     sources.append(f"measurement {measure:.0f} s per trial (median{cap}{_per_class_text(complete)})" if measure
-                   else f"measurement {DEFAULT_MEASURE_S:.0f} s per trial (default{cap})")
-    measure = measure or DEFAULT_MEASURE_S
+                   else f"measurement {default_measure:.0f} s per trial ({default}{cap})")
+    measure = measure or default_measure
     if load_sweep:
         measure += _sweep_extra(complete, sources)
     pruned = _median([duration(t) for t in launched_pruned])

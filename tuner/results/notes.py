@@ -4,6 +4,7 @@ it failed, so a trial explains itself without anyone reading the tuner's log."""
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import optuna
@@ -23,8 +24,15 @@ def _f(value: Any, digits: int = 1) -> str:
     return str(value)
 
 
+def wrapped_command(command: str) -> str:
+    """A launch command one option per line with shell continuations: the dashboard's note pane
+    does not wrap a code block, so one 300-character line ran off sideways.  The text is kept
+    as recorded (redactions included), so it still pastes into a shell."""
+    return re.sub(r" (?=--[A-Za-z])", " \\\n    ", command)
+
+
 def trial_note(*, state: str, attrs: dict[str, Any], metric_names: list[str] | None = None, values: list[float] | None = None) -> str:
-    lines = [f"## {state}", "", "```", attrs.get(record.LAUNCH_COMMAND, "(no launch)"), "```", ""]
+    lines = [f"## {state}", "", "```", wrapped_command(attrs.get(record.LAUNCH_COMMAND, "(no launch)")), "```", ""]
     if attrs.get(record.DUPLICATE_OF) is not None:
         lines += [f"Same flags as trial {attrs[record.DUPLICATE_OF]}: not relaunched, its values repeated.", ""]
     if values is not None and metric_names:

@@ -138,6 +138,10 @@ class ResilientStorage(HeartbeatForwarding, BaseStorage):
         self.notify: Callable[[str], None] = logger.warning
         self.gave_up: StorageOutage | None = None
         self.last_failure = float("-inf")  # monotonic time of the last transient failure
+        # Trials this process made RUNNING (created, or popped from the queue): a signal inside
+        # Optuna's ask -- the sampler's proposal, before the objective runs -- leaves one RUNNING
+        # that no code of ours has seen yet (search/recovery.py · fail_interrupted).
+        self.claimed: list[int] = []
 
     # -- the retry ----------------------------------------------------------------------------
     def _retry(self, call: Callable[[], Any]) -> Any:
@@ -226,7 +230,10 @@ class ResilientStorage(HeartbeatForwarding, BaseStorage):
         return self._write("set_trial_intermediate_value", trial_id, step, intermediate_value)
 
     def set_trial_state_values(self, trial_id: int, state: TrialState, values=None) -> bool:
-        return self._write("set_trial_state_values", trial_id, state, values)
+        done = self._write("set_trial_state_values", trial_id, state, values)
+        if state == TrialState.RUNNING and done:
+            self.claimed.append(trial_id)  # a queued trial popped by Optuna's ask
+        return done
 
     # -- everything else: retried -------------------------------------------------------------
     def create_new_study(self, directions, study_name=None):
@@ -260,7 +267,10 @@ class ResilientStorage(HeartbeatForwarding, BaseStorage):
         return self._forward("get_all_studies")
 
     def create_new_trial(self, study_id, template_trial=None):
-        return self._forward("create_new_trial", study_id, template_trial)
+        trial_id = self._forward("create_new_trial", study_id, template_trial)
+        if template_trial is None or template_trial.state == TrialState.RUNNING:
+            self.claimed.append(trial_id)
+        return trial_id
 
     def set_trial_param(self, trial_id, param_name, param_value_internal, distribution):
         return self._forward("set_trial_param", trial_id, param_name, param_value_internal, distribution)

@@ -16,6 +16,7 @@ from sqlalchemy.exc import NoSuchModuleError
 
 from tuner.config import Config, sqlite_path
 from tuner.errors import ConfigError
+from tuner.results import record
 from tuner.results.resilient import ResilientStorage, redacted_url
 
 __all__ = ["open_storage", "storage_for_url", "storage_source", "existing_storage", "load_existing_study", "study_summaries", "SQLITE_TIMEOUT_S"]
@@ -180,5 +181,10 @@ def study_summaries(storage: optuna.storages.BaseStorage) -> list[dict]:
         done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
         names = list(study.metric_names or [f"objective_{i}" for i in range(len(study.directions))])
         best = {n: max(t.values[i] for t in done) for i, n in enumerate(names)} if done else {}
-        rows.append({"study": name, "trials": counts, "best": best})
+        row = {"study": name, "trials": counts, "best": best}
+        if name.endswith("@baselines"):  # a sibling holds tuner.schedule's launches too: not baselines
+            trials = study.get_trials(deepcopy=False)
+            row["kinds"] = {"baselines": sum(1 for t in trials if t.user_attrs.get(record.BASELINE)),
+                            "schedule launches": sum(1 for t in trials if t.user_attrs.get(record.SCHEDULE))}
+        rows.append(row)
     return rows

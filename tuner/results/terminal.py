@@ -9,10 +9,11 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from tuner.results import record
 
-__all__ = ["trial_line", "pareto_table", "baselines_table", "counts_line", "fmt", "PARAM_COLUMNS"]
+__all__ = ["trial_line", "pareto_table", "baselines_table", "counts_line", "fmt", "PARAM_COLUMNS", "interrupted_line"]
 
 PARAM_COLUMNS = (
     ("speculative_num_steps", "steps"),
@@ -115,11 +116,33 @@ def baselines_table(baselines: dict[str, FrozenTrial], metric_names: list[str]) 
     table.add_column("accept", justify="right")
     table.add_column("max_running", justify="right")
     table.add_column("kv_tokens", justify="right")
+    failed = []
     for kind, t in baselines.items():
         label = kind.replace("_", " ")
         if t.state != TrialState.COMPLETE:
-            table.add_row(label, *[escape(t.user_attrs.get(record.FAIL_REASON, t.state.name))[:60]] + [""] * (len(metric_names) + 2))
+            # The reason whole, under the table: cut to a column it lost its fix ("fix -"), and
+            # cut after escaping it could eat "[server]" as markup.
+            table.add_row(label, t.state.name, *[""] * (len(metric_names) + 1))
+            failed.append(f"{label}: {t.state.name} {t.user_attrs.get(record.FAIL_REASON, '')}".rstrip())
             continue
         table.add_row(label, *[fmt(v) for v in t.values], fmt(t.user_attrs.get(record.ACCEPT_LENGTH), 2),
                       fmt(t.user_attrs.get(record.MAX_RUNNING_REQUESTS)), fmt(t.user_attrs.get(record.MAX_TOTAL_NUM_TOKENS)))
+    if failed:
+        table.caption = Text("\n".join(failed))
+        table.caption_justify = "left"
     return table
+
+
+def interrupted_line(interrupted: list[FrozenTrial]) -> str:
+    """What a Ctrl-C or SIGTERM interrupted, said once the target is restored: the trial, the
+    baseline (measured again on the next run) or the schedule launch recorded FAIL, or none."""
+    def what(t: FrozenTrial) -> str:
+        if t.user_attrs.get(record.BASELINE):
+            return f"baseline {t.user_attrs[record.BASELINE].replace('_', ' ')} (measured again on the next run)"
+        if t.user_attrs.get(record.SCHEDULE):
+            return f"schedule launch {t.number} ({_params_text(t)})"
+        return f"trial {t.number} ({_params_text(t)})"
+
+    if not interrupted:
+        return "interrupted between launches: no trial was running, none recorded; the target was restored"
+    return f"interrupted: {', '.join(what(t) for t in interrupted)} recorded as FAIL (interrupted); the target was restored"

@@ -25,6 +25,7 @@ from tuner.search.samplers import make_sampler, searches_memory_edge
 from tuner.search.space import suggest
 from tuner.search.warm_start import warm_start
 from tuner.server.connection import connected, refuse_if_answering
+from tuner.server.preflight import check_model
 from tuner.sglang_args import CommandLine, Params
 
 __all__ = ["first_proposals", "run_estimate", "plan", "DryRunPlan", "clock", "PROPOSALS_SHOWN"]
@@ -73,7 +74,8 @@ def run_estimate(config: Config, study: optuna.Study | None, arms: dict, trials:
     edge = config.space.mem_fraction_static is not None and searches_memory_edge(sampler or config.study.sampler)
     return estimate(history + list(arms.values()), n_trials=trials, n_baselines=n_baselines, gpus=gpus,
                     memory_edge_searched=edge, concurrent_cap_s=config.bench.level_seconds * len(config.bench.concurrency_levels),
-                    load_sweep=config.sweep_slo is not None)
+                    load_sweep=config.sweep_slo is not None,
+                    emulator="sglang_emulator" in config.server.command_line.prefix)
 
 
 def _gpus_of(command: CommandLine) -> int:
@@ -96,6 +98,8 @@ class DryRunPlan:
     url: str
     earlier_trials: int
     trials: int
+    answers: bool = False  # something answers at the URL (process targets are refused then: a systemd unit's own server)
+    model: dict = field(default_factory=dict)  # {"path", "found"}: server/preflight.py
     launches: list[dict] = field(default_factory=list)  # {"baseline": kind, ...} or {"trial": n, "source": ..., "flags": ...}
     estimate: Estimate | None = None
 
@@ -110,6 +114,7 @@ class DryRunPlan:
     def as_json(self) -> dict:
         est = self.estimate
         return {"study": self.study, "storage": self.storage, "target": self.target, "url": self.url,
+                "answers": self.answers, "model": self.model,
                 "earlier_trials": self.earlier_trials, "trials": self.trials, "launches": self.launches,
                 "estimate": {"duration_s": round(est.total_s), "gpu_hours": round(est.gpu_hours, 2), "gpus": est.gpus,
                              "per_trial_s": round(est.per_trial_s), "expected_failed_launches": min(est.expected_pruned, self.trials),
@@ -143,8 +148,10 @@ def plan(config: Config, trials: int, *, sampler: str | None = None, seed: int |
     earlier = len(study.trials) if study is not None else 0
     with connected(config, prepare=config.target.manager == "systemd", restore=False) as target:
         refuse_if_answering(target.client, config.target)
+        model = check_model(target, target.command)  # a missing model: the real run's error line, now
         result = DryRunPlan(config.study.name, redacted_url(config.storage_url), target.control.description,
-                            config.target.url, earlier, trials)
+                            config.target.url, earlier, trials, answers=target.client.answers(),
+                            model={"path": model.model, "found": model.found})
         result.launches = [{"baseline": kind, "launch_command": target.command_spec(baselines.baseline_command(command, kind)).launch_command}
                            for kind in todo]
         proposals = first_proposals(config, study, min(trials, PROPOSALS_SHOWN), metric_names=names, sampler_name=sampler, seed=seed)

@@ -18,7 +18,7 @@ from tuner.results import record
 from tuner.server.control.base import pid_alive
 from tuner.results.optuna_private import heartbeat_stale_trial_ids, storage_of, trial_id_of
 
-__all__ = ["recover_stale_trials"]
+__all__ = ["recover_stale_trials", "fail_interrupted"]
 
 
 def _why_stale(t: optuna.trial.FrozenTrial, trial_id: int, stale: set[int]) -> str | None:
@@ -51,3 +51,25 @@ def recover_stale_trials(study: optuna.Study, warn: Callable[[str], None]) -> li
         retried.append(t.number)
         warn(f"trial {t.number} was left RUNNING ({reason}): marked FAIL and queued again")
     return retried
+
+
+def fail_interrupted(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """After a Ctrl-C or SIGTERM: every trial this process made RUNNING (in any study of the
+    storage: the study and its baselines' sibling) that is still RUNNING is FAIL "interrupted"
+    -- one interrupted inside Optuna's ask, during the sampler's proposal, which the objective
+    never saw.  Returns the trials of this process the interruption failed, in order, so the
+    command can say which one it was (a trial, a baseline, a schedule launch)."""
+    storage = storage_of(study)
+    hit = []
+    for trial_id in dict.fromkeys(getattr(storage, "claimed", ())):
+        t = storage.get_trial(trial_id)
+        if t.state == optuna.trial.TrialState.RUNNING:
+            try:
+                storage.set_trial_user_attr(trial_id, record.FAIL_REASON, record.INTERRUPTED)
+                storage.set_trial_state_values(trial_id, optuna.trial.TrialState.FAIL)
+            except (optuna.exceptions.UpdateFinishedTrialError, RuntimeError):
+                continue
+            t = storage.get_trial(trial_id)
+        if t.state == optuna.trial.TrialState.FAIL and t.user_attrs.get(record.FAIL_REASON) == record.INTERRUPTED:
+            hit.append(t)
+    return hit

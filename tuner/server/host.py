@@ -39,6 +39,33 @@ class Result:
         return self.exited == 0
 
 
+class _LocalRunner(invoke.Local):
+    """Invoke's local runner, except that a Ctrl-C (or SIGTERM, raised as KeyboardInterrupt)
+    arriving while a command runs is not lost.  Invoke forwards it to the command and goes on
+    waiting, then returns as if nothing happened (invoke/runners.py · Runner._finish catches
+    KeyboardInterrupt around wait() and calls send_interrupt, which only writes ``\\x03`` to
+    the command's stdin); a run interrupted during one of the many short polls of a launch went
+    on with its study (issue 25: still running 60 s after SIGINT).  Here the command is let
+    finish (ours are short shell one-liners; stopping one midway could leave a pid file
+    unwritten) and the interrupt is raised as soon as it has, as Fabric's Remote raises it
+    at once when there is no pty (fabric/runners.py · Remote.send_interrupt)."""
+
+    def send_interrupt(self, interrupt: KeyboardInterrupt) -> None:
+        self.interrupted = interrupt
+
+    def run(self, command: str, **kwargs):  # type: ignore[override]
+        self.interrupted: KeyboardInterrupt | None = None
+        try:
+            return super().run(command, **kwargs)
+        finally:
+            if self.interrupted is not None:
+                raise self.interrupted
+
+
+def _local_context() -> invoke.Context:
+    return invoke.Context(config=invoke.Config(overrides={"runners": {"local": _LocalRunner}}))
+
+
 def parse_destination(host: str) -> tuple[str | None, str, int]:
     user, _, rest = host.rpartition("@")
     hostname, _, port = rest.partition(":")
@@ -151,7 +178,7 @@ def connect(target: TargetConfig, *, connect_timeout: float = 10.0) -> Shell:
     """A Shell for the target; SSH connects now, so a bad host fails before any trial."""
     if not target.is_remote:
         use_sudo = target.sudo if target.sudo is not None else os.geteuid() != 0
-        return Shell(invoke.Context, description="local", remote=False, use_sudo=use_sudo)
+        return Shell(_local_context, description="local", remote=False, use_sudo=use_sudo)
 
     import fabric
 

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Any
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from tuner.server.client import ServerClient, ServerInfo
 from tuner.server.control.base import ServiceControl
 from tuner.server.diagnose import classify, early_failure
+from tuner.server.launch import LaunchSpec
 from tuner.errors import LaunchError, MeasureError
-from tuner.sglang_args import Params
+from tuner.sglang_args import CommandLine, Params
 
 __all__ = ["Ready", "wait_ready", "check_server_args"]
 
@@ -42,8 +44,11 @@ def wait_ready(
     timeout_s: float,
     poll_s: float = 0.5,
     url: str = "",
+    spec: LaunchSpec | None = None,
+    launched_at: float | None = None,
 ) -> Ready:
-    """Block until `/health_generate` answers 200, or raise `LaunchError`."""
+    """Block until `/health_generate` answers 200, or raise `LaunchError`; then check that the
+    server answering is the one launched (`spec`'s command; `params` without one)."""
     started = time.monotonic()
     terminal_since: float | None = None
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="health")
@@ -84,7 +89,12 @@ def wait_ready(
         info = client.server_info()
     except MeasureError as exc:
         raise LaunchError(f"the server became healthy but /server_info failed: {exc}", kind="exit") from exc
-    check_server_args(info, params, url or client.url)
+    check_server_args(info, CommandLine.parse(spec.argv) if spec is not None else params, url or client.url,
+                      launched_at=launched_at)
+    status, _ = control.poll()
+    if status.state in ("exited", "stopped", "failed"):  # ours died meanwhile ("address already in use")
+        failure = classify(_drain_log(control), status.exit_code, params=at)
+        raise LaunchError(failure.reason, kind=failure.kind, fatal=failure.fatal, log_tail=control.log()[-20000:])
     return Ready(info=info, startup_s=time.monotonic() - started)
 
 
@@ -102,22 +112,42 @@ def _drain_log(control: ServiceControl, wait_s: float = 3.0) -> str:
     return control.log()[-262144:]
 
 
-def check_server_args(info: ServerInfo, params: Params, url: str) -> None:
-    """Refuse to measure a server that does not run the trial's flags (another server on the port).
+_IDENTITY = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens", "mem_fraction_static")
+_CLOCK_SLACK_S = 5.0  # the server's startup_time against the tuner's clock, same host
 
-    Only the shape's identity (steps, topk) is compared: a server may round the mem fraction or
-    resolve draft tokens its own way without being someone else's."""
-    for key, wanted in params.as_dict().items():
-        if key not in ("speculative_num_steps", "speculative_eagle_topk"):
-            continue
-        got = info.args.get(key)
-        if got is None:
-            continue  # a server that does not report the field: nothing to compare
-        same = math.isclose(float(got), float(wanted), abs_tol=1e-6) if isinstance(wanted, float) else got == wanted
-        if not same:
-            raise LaunchError(
-                f"the server at {url} runs {key}={got}, not the trial's {wanted}: another server "
-                "answers at [target] url; stop it or point url at the server the tuner launches",
-                kind="fatal",
-                fatal=True,
-            )
+
+def check_server_args(info: ServerInfo, launched: CommandLine | Params, url: str, *, launched_at: float | None = None) -> None:
+    """Refuse to measure a server that is not the one launched (another server on the port).
+
+    What the launch passed is read back from `/server_info` (SGLang 0.5.23 merges the resolved
+    server args into it: srt/utils/common.py · build_server_info): the speculative algorithm
+    (on or off), steps, topk, draft tokens (not with topk 1, where SGLang forces steps + 1)
+    and mem_fraction_static; a field the server does not report is not compared.  With
+    `launched_at` (the tuner's wall clock at the launch, same host), a server whose
+    `startup_time` is older than the launch is someone else's too."""
+    wanted = (launched.params() if isinstance(launched, CommandLine) else launched).as_dict()
+    if wanted.get("speculative_eagle_topk") == 1:
+        wanted.pop("speculative_num_draft_tokens", None)
+    mismatch = [f"{k}={info.args.get(k)}, not the launched {v}" for k, v in wanted.items()
+                if k in _IDENTITY and info.args.get(k) is not None and not _same(info.args[k], v)]
+    if isinstance(launched, CommandLine) and "speculative_algorithm" in info.args:
+        algorithm = info.args["speculative_algorithm"]
+        if bool(algorithm) != bool(launched.algorithm):
+            mismatch.append(f"speculative_algorithm={algorithm}, not the launched {launched.algorithm}")
+    started = info.args.get("startup_time")
+    if launched_at is not None and isinstance(started, (int, float)) and 1e9 < started < launched_at - _CLOCK_SLACK_S:
+        mismatch.append(f"it started {launched_at - started:.0f} s before this launch")
+    if mismatch:
+        raise LaunchError(
+            f"the server at {url} is not the one launched ({'; '.join(mismatch)}): another server answers at "
+            "[target] url; stop it or point url at the server the tuner launches",
+            kind="fatal",
+            fatal=True,
+        )
+
+
+def _same(got: Any, wanted: Any) -> bool:
+    try:
+        return math.isclose(float(got), float(wanted), abs_tol=5e-4)
+    except (TypeError, ValueError):
+        return got == wanted

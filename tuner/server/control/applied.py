@@ -9,11 +9,12 @@ the owner lock of a tuning run: the applied server is the operator's, not a run'
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from tuner.config import Config
-from tuner.server.connection import Target, connected
+from tuner.server.connection import Target, connected, refuse_if_answering
 from tuner.server.control.base import ServiceControl
 from tuner.server.control.process import ProcessControl
 from tuner.server.control.systemd import SystemdControl
@@ -49,9 +50,13 @@ def apply(config: Config, spec_of: Callable[[Target], LaunchSpec]) -> Applied:
     table) and wait until the server is ready on it; it stays when the tuner exits."""
     with connected(config, control=applied_control(config), prepare=False, restore=False) as target:
         spec = spec_of(target)
+        if isinstance(target.control, ProcessControl):
+            target.control.stop()  # the server an earlier --apply left running is ours: stopped first
+            refuse_if_answering(target.client, config.target)  # anything else on the port is not
+        launched_at = None if config.target.is_remote else time.time()  # startup_time, same clock only
         where = target.control.apply(spec, study=config.study.name)
         ready = wait_ready(target.control, target.client, params=spec.params, timeout_s=config.target.ready_timeout_s,
-                           poll_s=config.target.poll_interval_s, url=config.target.url)
+                           poll_s=config.target.poll_interval_s, url=config.target.url, spec=spec, launched_at=launched_at)
     return Applied(ready, where, spec)
 
 

@@ -1,0 +1,44 @@
+"""What the console says, in order and nothing more (issue 25 item 10)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from ..conftest import PYTHON, REPO, run_cli, write_config
+
+pytestmark = pytest.mark.e2e
+
+ONE = "speculative_num_steps = { choices = [2] }\nmem_fraction_static = { choices = [0.84] }"
+
+
+def test_verbose_logs_the_tuners_steps_not_every_http_request(tmp_path):
+    config = write_config(tmp_path, space=ONE)
+    result = run_cli("--trials", "1", "--config", str(config), "-v", timeout=300)
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert any(line.startswith("INFO tuner") for line in lines)
+    assert not [line for line in lines if "httpx" in line or "HTTP Request" in line], lines[:5]
+
+
+def test_bench_says_ready_before_the_benchmark_lines(tmp_path):
+    config = write_config(tmp_path, space=ONE)
+    result = subprocess.run([PYTHON, "-m", "tuner.bench", "--config", str(config), "--flags",
+                             "--speculative-num-steps 1 --speculative-eagle-topk 1 --speculative-num-draft-tokens 2"],
+                            capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    ready = next(i for i, line in enumerate(lines) if line.startswith("ready in "))
+    first_phase = next(i for i, line in enumerate(lines) if line.startswith("  "))
+    assert lines[0].startswith("launching: ") and ready < first_phase
+
+
+def test_the_log_file_does_not_echo_on_stderr_nor_twice(tmp_path):
+    config = write_config(tmp_path, space=ONE)
+    log = tmp_path / "run.log"
+    result = run_cli("--trials", "1", "--config", str(config), "--log-file", str(log), timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert not [line for line in result.stderr.splitlines() if line.startswith("INFO ")]
+    text = log.read_text()
+    assert text.count("study t in ") == 1 and "phase: launching" in text and "phase: single pass 1 1/" in text

@@ -1,0 +1,79 @@
+"""Ctrl-C and SIGTERM, as every command handles them: the first one stops the run, later ones
+wait for its bookkeeping.
+
+The first signal raises `KeyboardInterrupt` wherever the run is (a launch, a poll, a benchmark
+phase, the sampler's proposal); from then on the run is only recording what it was doing (the
+trial's FAIL with its reason, log tail and server log, the server stopped, the target restored)
+and a second signal must not cut that short: it is noted with one line and the bookkeeping
+finishes, then the command exits 130 (issue 25: a second Ctrl-C left a FAIL trial with no
+`fail_reason`, `log_tail` or server log).  SIGTERM (systemd stop, `kill`) is handled as Ctrl-C,
+so the target is restored too.
+
+`quiet_start` turns a Ctrl-C during the command's imports (a second or so before `main` runs)
+into one line instead of a 40-line traceback through pydantic or openai.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from types import FrameType
+
+__all__ = ["install", "stopping", "quiet_start", "Interrupted", "STARTING_LINE", "AGAIN_LINE", "NOTHING_RAN_LINE"]
+
+STARTING_LINE = "interrupted while starting: nothing was run"
+AGAIN_LINE = "interrupted again: finishing the record of what was running first (the server is being stopped), then exiting"
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_state = {"stopping": False}
+
+
+def _handle(signum: int, frame: FrameType | None) -> None:
+    if _state["stopping"]:
+        print(AGAIN_LINE, file=sys.stderr, flush=True)
+        return
+    _state["stopping"] = True
+    raise KeyboardInterrupt
+
+
+def install() -> None:
+    """From now on a first SIGINT or SIGTERM raises KeyboardInterrupt and later ones are held
+    (a command's `main` calls this first).  Only the main thread may set signal handlers."""
+    _state["stopping"] = False
+    if threading.current_thread() is threading.main_thread():
+        for sig in _SIGNALS:
+            signal.signal(sig, _handle)
+
+
+def stopping() -> bool:
+    """A signal arrived: the run is being wound down."""
+    return _state["stopping"]
+
+
+def _quiet_hook(kind, value, tb) -> None:
+    if issubclass(kind, KeyboardInterrupt):
+        print(STARTING_LINE, file=sys.stderr, flush=True)
+        os._exit(130)  # what the shell reports for Ctrl-C; nothing was started, nothing to undo
+    _default_hook(kind, value, tb)
+
+
+_default_hook = sys.excepthook
+
+
+def quiet_start() -> None:
+    """A KeyboardInterrupt that reaches the interpreter before `main` handled it (the command's
+    imports) is one line and exit 130.  Only for the command-line entry points: `python -m
+    tuner...` (while the package is imported for `-m`, argv[0] is "-m") and the installed
+    script; a program that imports the tuner keeps its own hook."""
+    script = os.path.basename(sys.argv[0]) if sys.argv else ""
+    if sys.argv[:1] == ["-m"] or script == "sglang-tuner":
+        sys.excepthook = _quiet_hook
+
+
+NOTHING_RAN_LINE = "interrupted before anything was launched; nothing was recorded"
+
+
+class Interrupted(KeyboardInterrupt):
+    """The run was interrupted and wound down; str() is the line saying what it interrupted
+    (a trial, a baseline, a schedule launch, or nothing) and that the target was restored."""
