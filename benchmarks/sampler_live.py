@@ -71,7 +71,9 @@ DEFAULT_OUT = ROOT / "benchmarks" / "results" / "sampler_live"
 ALIASES = {"llama8b-h100-128k": "p:llama8b-h100-128k"}
 # Served model paths, by the profile's architecture; --tp is the profile's reference_tp.
 MODEL_PATHS = {"Qwen3_5MoeForConditionalGeneration": "Qwen/Qwen3.5-122B-A10B",
-               "LlamaForCausalLM": "meta-llama/Llama-3.1-8B-Instruct"}
+               "LlamaForCausalLM": "meta-llama/Llama-3.1-8B-Instruct",
+               # the family's MoE and hybrid draws (sglang_emulator/family.py): served by seed, named like these
+               "Qwen3MoeForCausalLM": "Qwen/Qwen3-30B-A3B", "Qwen3NextForCausalLM": "Qwen/Qwen3-Next-80B-A3B-Instruct"}
 EAGLE3_DRAFT = "jamesliu1/sglang-EAGLE3-Llama-3.1-Instruct-8B"  # as tests/e2e/test_emulator_http.py
 EMULATOR_ENV = {"SGLANG_EMULATOR_LOAD_SCALE": "0.02"}
 SECONDS_PER_TRIAL = 150  # the default timeout allows this much per trial (observed: see the report)

@@ -43,6 +43,7 @@ import time
 import traceback
 
 from . import failures
+from .capture_log import capture_lines
 from . import model as m
 from .adaptive import BUILT_LOG, AdaptiveSpeculativeParams, graph_states
 from .adaptive import worker_logger as adaptive_logger
@@ -243,60 +244,43 @@ def _allocate_pools(resolved: Resolved, log: logging.Logger, plan: m.MemoryPlan 
             f"K size: {half:.2f} GB, V size: {half:.2f} GB"
         )
         log.info(f"Memory pool end. avail mem={plan.slack_gib:.2f} GB")
-    return plan.slack_gib if plan else (pre * (1 - resolved.mem_fraction_static))
+    # Free memory before the first graph: what the KV pool and activations left (the capture
+    # log's "avail mem"; after the last graph it is startup_available).
+    if plan is not None:
+        return plan.available_after_capture_gib + sum(plan.graph_gib.values())
+    if plan_error is not None and plan_error.phase == "graph":
+        return plan_error.avail_gib
+    return pre * (1 - resolved.mem_fraction_static)
 
 
 def _capture_graphs(resolved: Resolved, log: logging.Logger, plan: m.MemoryPlan | None, plan_error: Exception | None,
                     avail: float, load_scale: float) -> tuple[m.MemoryPlan, float]:
-    """CUDA graph capture (target verify/decode, then the draft's), or its failure; the plan and
-    the graphs' GiB."""
-    profile = resolved.profile
+    """CUDA graph capture (target verify/decode, then the draft's), runner by runner in SGLang's
+    wording (capture_log.py), or its failure; the plan and the graphs' GiB."""
     spec = resolved.spec
-    role = "target"
-    kind = "verify" if spec.enabled else "decode"
-    tokens_per_req = spec.tokens_per_request
-    log.info(
-        f"Capture {role} {kind} CUDA graph begin. backend=full, num_tokens_per_req={tokens_per_req}, "
-        f"avail mem={avail:.2f} GB"
-    )
-    time.sleep(profile.graph_capture_s * load_scale)
+    elapsed = resolved.profile.graph_capture_s * load_scale
+    time.sleep(elapsed)
     if spec.enabled and spec.topk > 1 and spec.draft_tokens - 1 > m.tree_pool_size(spec.steps, spec.topk):
         # organize_draft_results: torch.topk(score_list, num_draft_token - 1) over a pool of
         # topk + (steps - 1) * topk^2 candidates.
+        log.info(capture_lines(spec, {}, (), avail, failed_runner="target_verify", version=resolved.version, elapsed_s=elapsed)[-1])
         raise Exception(f"Capture cuda graph failed: selected index k out of range\n{failures.CUDA_GRAPH_CAPTURE_FAILED_MSG}")
     if plan_error is not None:
-        _raise_graph_oom(resolved, log, plan_error, avail, kind, load_scale)
+        _raise_graph_oom(resolved, log, plan_error, avail, elapsed)
     assert plan is not None
-    graph_total = sum(plan.graph_gib.values())
-    log.info(
-        f"Capture {role} {kind} CUDA graph end. bs={list(plan.capture_bs)}, elapsed={profile.graph_capture_s * load_scale:.2f} s, "
-        f"mem usage={plan.graph_gib.get('target_verify', plan.graph_gib.get('decode', 0.0)):.2f} GB, avail mem={avail - graph_total:.2f} GB."
-    )
-    if spec.enabled and spec.steps > 1 and spec.algorithm != "NGRAM":
-        log.info(
-            f"Capture draft decode CUDA graph begin. backend=full, num_tokens_per_req={spec.topk}, "
-            f"bs={list(plan.capture_bs)}, avail mem={avail - graph_total:.2f} GB"
-        )
-        log.info(
-            f"Capture draft decode CUDA graph end. elapsed={0.3 * profile.graph_capture_s * load_scale:.2f} s, "
-            f"mem usage={plan.graph_gib.get('draft_decode', 0.0):.2f} GB, avail mem={avail - graph_total:.2f} GB."
-        )
-    return plan, graph_total
+    for line in capture_lines(spec, plan.graph_gib, plan.capture_bs, avail, failed_runner=None, version=resolved.version, elapsed_s=elapsed):
+        log.info(line)
+    return plan, sum(plan.graph_gib.values())
 
 
-def _raise_graph_oom(resolved: Resolved, log: logging.Logger, plan_error, avail: float, kind: str, load_scale: float) -> None:
-    """A capture that runs out of memory, in the runner and wording SGLang's would (failures.py)."""
-    profile = resolved.profile
-    gpu_gib = profile.gpu.total_mib / 1024
-    oom = failures.graph_oom(plan_error, tp=resolved.tp, version=resolved.version, gpu_gib=gpu_gib)
-    if oom.runner in ("draft_decode", "draft_extend"):
-        graph_total = plan_error.graphs.get("target_verify", 0.0)
-        log.info(
-            f"Capture target {kind} CUDA graph end. elapsed={profile.graph_capture_s * load_scale:.2f} s, "
-            f"mem usage={graph_total:.2f} GB, avail mem={avail - graph_total:.2f} GB."
-        )
-        stage = "draft decode" if oom.runner == "draft_decode" else "draft extend"
-        log.info(f"Capture {stage} CUDA graph begin. backend=full, num_tokens_per_req={resolved.spec.topk}, avail mem={avail - graph_total:.2f} GB")
+def _raise_graph_oom(resolved: Resolved, log: logging.Logger, plan_error, avail: float, elapsed: float) -> None:
+    """A capture that runs out of memory, in the runner and wording SGLang's would (failures.py):
+    the runners captured before it, its begin line, then the exception."""
+    spec = resolved.spec
+    oom = failures.graph_oom(plan_error, tp=resolved.tp, version=resolved.version, gpu_gib=resolved.profile.gpu.total_mib / 1024)
+    runner = oom.runner if oom.runner in ("draft_decode", "draft_extend") else ("target_verify" if spec.enabled else "decode")
+    for line in capture_lines(spec, plan_error.graphs, (), avail, failed_runner=runner, version=resolved.version, elapsed_s=elapsed):
+        log.info(line)
     if oom.wording == "prefill":
         raise RuntimeError(oom.message)
     raise Exception(oom.message)

@@ -12,6 +12,7 @@ Used by the live emulator (`SGLANG_EMULATOR_LANDSCAPE_SEED=N`, see profiles.find
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -69,7 +70,23 @@ RANGES: dict[str, tuple[float, float, str]] = {
     "temperature_slope": (0.5, 1.3, "acceptance loss per unit temperature (sampled verification)"),
     "prompt_spread": (0.3, 0.7, "per-prompt spread of predictability in logit units"),
     "degenerate": (0.93, 0.99, "acceptance on post-EOS repetitive text under ignore_eos"),
+    # Memory physics the tuner's model was not written for (issue #23), drawn after the fields
+    # above so that those keep their values per seed:
+    "graph_scale": (0.5, 4.0, "graph memory per graph token (max graph batch x draft tokens) around the H200 anchor "
+                              "of ~1.8 MB (docs/h200-forward-times.md): the verify graph alone is ~0.5x of a real server's, "
+                              "which adds the draft model's graphs and backend buffers (up to ~4x); log-uniform"),
+    "capture_reserve": (0.01, 0.08, "activation reserve the capture needs but no figure reports (allocator "
+                                    "fragmentation, cuBLAS/cuDNN workspaces, the attention backend's scratch), as a share of the card"),
+    "moe_active_share": (0.12, 0.35, "MoE: weights one token streams (its top-k experts + the dense part) over all weights"),
+    "moe_locality": (0.2, 0.8, "MoE: how much a request's further draft tokens add distinct experts"),
+    "mamba_state_mib": (10.0, 40.0, "hybrid: recurrent (conv + SSM) state of one request slot, per GPU"),
+    "spec_state_share": (0.5, 2.0, "hybrid: intermediate SSM state per draft token, as a share of one slot's state"),
 }
+# Probabilities of the discrete variants (drawn after the ranges above).
+TREE_BUFFERS_P = 0.5  # FlashInfer's tree index buffers in the graphs (Hopper's fa3 -> flashinfer for topk > 1)
+MOE_P = 0.35  # a MoE target: verify cost by the distinct experts its tokens touch
+HYBRID_P = 0.3  # a hybrid (linear-attention) target: running requests capped by the state pool
+MOE_EXPERTS = (64, 128, 256)
 
 
 def draw_overrides(seed: int) -> dict[str, Any]:
@@ -101,7 +118,7 @@ def draw_overrides(seed: int) -> dict[str, Any]:
     # Graph memory per graph token: fp32 logits plus the hidden/MLP activations the base
     # profile carries beyond its own logits (0.55 MiB - 128,256 x 4 B).
     activations_mib = base.memory.graph_mib_per_token - 128_256 * 4 / MiB
-    return {
+    out = {
         "base": FAMILY_BASE,
         "key": f"drawn-{seed}",
         "model_names": [],
@@ -127,6 +144,43 @@ def draw_overrides(seed: int) -> dict[str, Any]:
         "acceptance": {k: round(v, 4) for k, v in acceptance.items()},
         "notes": [f"drawn from {FAMILY_BASE} with seed {seed}: KV shape of {kv.model}, vocab {vocab}, context {context}"],
     }
+    _draw_memory_physics(rng, u, out, kv)
+    return out
+
+
+def _draw_memory_physics(rng: random.Random, u, out: dict[str, Any], kv: KvShape) -> None:
+    """Issue #23: graph memory from small to large, with or without tree index buffers, an
+    unreported capture reserve, dense or MoE step time, dense or hybrid KV.  Each draw is made
+    whether or not its variant is chosen, so every seed consumes the RNG alike."""
+    mem, timing = out["memory"], out["timing"]
+    low, high, _ = RANGES["graph_scale"]
+    scale = math.exp(rng.uniform(math.log(low), math.log(high)))
+    mem["graph_mib_per_token"] = round(mem["graph_mib_per_token"] * scale, 4)
+    mem["draft_graph_mib_per_token"] = round(mem["draft_graph_mib_per_token"] * scale, 4)
+    mem["flashinfer_tree_state"] = rng.random() < TREE_BUFFERS_P
+    mem["capture_reserve_frac"] = round(u("capture_reserve"), 4)
+    moe, experts = rng.random() < MOE_P, rng.choice(MOE_EXPERTS)
+    active, locality = u("moe_active_share"), u("moe_locality")
+    hybrid = rng.random() < HYBRID_P
+    state, share = u("mamba_state_mib"), u("spec_state_share")
+    kinds = []
+    if moe:
+        # Same checkpoint size: a token streams its share; a batch touching every expert streams it all.
+        full = timing["stream_ms"]
+        timing.update(stream_ms=round(full * active, 4), moe_full_stream_ms=full, moe_experts=experts, moe_top_k=8,
+                      moe_locality=round(locality, 4))
+        kinds.append(f"MoE {experts} experts top-8 (active {active:.0%})")
+    if hybrid:
+        # One layer in four keeps full attention (Qwen3-Next, Qwen3.5): the rest hold a state per slot.
+        mem.update(kv_cell_bytes=kv.cell_bytes // 4, mamba_state_mib=round(state, 3), spec_state_share=round(share, 4))
+        out["hybrid"] = True
+        kinds.append(f"hybrid (state {state:.0f} MiB/slot, {share:.2f} per draft token)")
+    if moe or hybrid:
+        # SGLang keys its default shape on the architecture: anything but Llama/Grok gets (3, 1, 4).
+        out["architecture"] = "Qwen3NextForCausalLM" if hybrid else "Qwen3MoeForCausalLM"
+        out["auto_spec"] = [3, 1, 4]
+    out["notes"][0] += (f"; graphs {mem['graph_mib_per_token']:.2f} MiB/token{' + tree buffers' if mem['flashinfer_tree_state'] else ''}, "
+                        f"reserve {mem['capture_reserve_frac']:.1%}" + "".join(f"; {k}" for k in kinds))
 
 
 def draw_profile(seed: int) -> Profile:

@@ -207,6 +207,11 @@ class MemoryModel:
     # context_len x (int32 kv_indices + uint8 custom mask) for the target verify graph and
     # context_len x int32 per (step x topk) for the draft decode graphs.  See `tree_state_gib`.
     flashinfer_tree_state: bool = False
+    # Memory the capture needs beyond the graphs it keeps (allocator fragmentation, library
+    # workspaces, backend scratch), as a share of the card: freed afterwards, so neither the
+    # capture log's "mem usage" nor `memory_usage.startup_available` shows it; only a capture
+    # that fails does (family.py draws it; the calibrated profiles have none).
+    capture_reserve_frac: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -275,13 +280,15 @@ class MemoryPlan:
 class MemoryFailure(Exception):
     """SGLang fails at start-up for memory; `phase` is where ("kv" or "graph")."""
 
-    def __init__(self, phase: str, message: str, exc_type: str = "RuntimeError", graphs: dict[str, float] | None = None, free_gib: float = 0.0):
+    def __init__(self, phase: str, message: str, exc_type: str = "RuntimeError", graphs: dict[str, float] | None = None,
+                 free_gib: float = 0.0, avail_gib: float = 0.0):
         super().__init__(message)
         self.phase = phase
         self.message = message
         self.exc_type = exc_type
         self.graphs = graphs or {}  # graph phase: GiB per graph in capture order
         self.free_gib = free_gib  # graph phase: what the slack left for graphs
+        self.avail_gib = avail_gib  # graph phase: free memory the capture log shows before the first graph
 
 
 def default_graph_settings(gpu_mib: int, tp: int) -> tuple[int, int]:
@@ -477,10 +484,10 @@ def size_memory(
             state = SpecShape(spec.algorithm, steps, 1, steps + 1)
             for name, gib in graph_memory_gib(profile, state, top_bs, fixed=i == 0).items():
                 graphs[name] = graphs.get(name, 0.0) + gib
-    activations = chunked_prefill_size * mem.activation_mib_per_token / 1024
-    free_for_graphs = slack - mem.non_torch_gib - activations
+    free_for_graphs = slack - mem.non_torch_gib - chunked_prefill_size * mem.activation_mib_per_token / 1024
     needed = sum(graphs.values())
-    if needed > free_for_graphs:
+    reserve = mem.capture_reserve_frac * gpu_gib  # needed by the capture, in no figure
+    if needed + reserve > free_for_graphs:
         free = max(free_for_graphs, 0.0)
         largest = max(graphs.values())
         raise MemoryFailure(
@@ -494,8 +501,7 @@ def size_memory(
             "expandable_segments:True to avoid fragmentation.  See documentation for Memory "
             "Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)",
             exc_type="torch.OutOfMemoryError",
-            graphs=graphs,
-            free_gib=free_for_graphs,
+            graphs=graphs, free_gib=free_for_graphs - reserve, avail_gib=free_for_graphs + mem.non_torch_gib,
         )
     return MemoryPlan(
         pre_load_gib=pre_load,

@@ -173,9 +173,11 @@ class TrialRunner:
                 kind: str | None = None, log: str | None = None) -> None:
         """The one place a failed trial is written down: reason, kind, log tail and the whole
         log stored, the server stopped, the dashboard note."""
-        tail = _tail(log or self.target.control.log(), spec.secrets)
+        full = log or self.target.control.log()
+        tail = _tail(full, spec.secrets)
         self.target.control.stop()  # before any write: a server never waits on the database
         record.record_failure(trial, redact(reason, spec.secrets), kind=kind, log_tail=tail)
+        record.record_capture_memory(trial, full)  # what was free when the capture failed (#23)
         self._save_log(trial, spec)
         self._note(trial, state)
 

@@ -1,6 +1,7 @@
 """Landscapes the search was not tuned on: the H100 128k profile whose wide trees only fit below
 the chains' memory edge, and the drawn family (sglang_emulator/family.py)."""
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -72,7 +73,7 @@ def test_flashinfer_tree_state_follows_the_source_sizes():
 
 def test_drawn_profiles_are_deterministic_and_within_their_ranges():
     base = PROFILES[F.FAMILY_BASE]
-    seen = set()
+    seen, kinds = set(), set()
     for seed in range(30):
         p = F.draw_profile(seed)
         assert p == F.draw_profile(seed) and F.draw_overrides(seed) == F.draw_overrides(seed)
@@ -83,14 +84,28 @@ def test_drawn_profiles_are_deterministic_and_within_their_ranges():
             assert r[name][0] - 1e-4 <= getattr(a, name) <= r[name][1] + 1e-4, name
         assert r["context_mib"][0] <= p.gpu.context_mib <= r["context_mib"][1]
         assert r["weights_factor"][0] - 1e-3 <= p.memory.weights_gib / base.memory.weights_gib <= r["weights_factor"][1] + 1e-3
-        assert r["stream_factor"][0] - 1e-3 <= p.timing.stream_ms / base.timing.stream_ms <= r["stream_factor"][1] + 1e-3
+        full = p.timing.moe_full_stream_ms if p.timing.moe_experts else p.timing.stream_ms
+        assert r["stream_factor"][0] - 1e-3 <= full / base.timing.stream_ms <= r["stream_factor"][1] + 1e-3
         assert r["knee_tokens"][0] <= p.timing.knee_tokens <= r["knee_tokens"][1]
-        assert p.memory.kv_cell_bytes in {s.cell_bytes for s in F.KV_SHAPES}
-        assert p.context_len in F.CONTEXTS and p.memory.flashinfer_tree_state
+        cells = {s.cell_bytes for s in F.KV_SHAPES}
+        assert p.memory.kv_cell_bytes in (cells if not p.hybrid else {c // 4 for c in cells})
+        assert p.context_len in F.CONTEXTS
+        assert r["capture_reserve"][0] - 1e-4 <= p.memory.capture_reserve_frac <= r["capture_reserve"][1] + 1e-4
+        kinds.add((p.memory.flashinfer_tree_state, bool(p.timing.moe_experts), p.hybrid))
         # Every drawn landscape can run SGLang's own default configuration.
         e = L.expect(p, steps=3, topk=1, draft_tokens=4, mem_fraction_static=0.85, workload=WORKLOAD)
         assert e.feasible, (seed, e.failure)
     assert len(seen) == 30
+    # Issue #23's variety: with and without tree index buffers, dense and MoE, dense and hybrid KV.
+    assert {k[0] for k in kinds} == {True, False} and {k[1] for k in kinds} == {True, False} and {k[2] for k in kinds} == {True, False}
+
+
+def test_an_unreported_capture_reserve_fails_what_the_figures_say_fits():
+    # The reserve the capture needs is in no figure: startup_available is what the graphs left.
+    p = F.draw_profile(0)
+    no_reserve = dataclasses.replace(p, memory=dataclasses.replace(p.memory, capture_reserve_frac=0.0))
+    edge = L.mem_fraction_edge(no_reserve, steps=3, topk=1, draft_tokens=4)
+    assert edge is not None and L.mem_fraction_edge(p, steps=3, topk=1, draft_tokens=4) < edge - 0.02
 
 
 def test_the_live_emulator_serves_a_drawn_profile(monkeypatch):

@@ -14,17 +14,19 @@ from typing import Any
 from tuner.measure.runner import Measurement
 from tuner.sglang_args import SEARCHED, Params
 from tuner.server.client import ServerInfo
+from tuner.server.diagnose import capture_memory
 
 __all__ = [
     "LAUNCH_COMMAND", "FLAGS", "TARGET", "URL", "WORKER", "FAIL_REASON", "FAILURE_KIND", "LOG_TAIL",
     "MAX_TOTAL_NUM_TOKENS", "MAX_RUNNING_REQUESTS", "ACCEPT_LENGTH", "TTFT_MS", "STARTUP_S",
     "SGLANG_VERSION", "ACCELERATOR", "GPU_COUNT", "SERVER_MEM_FRACTION_STATIC", "HYPERVOLUME",
     "ATTENTION_BACKEND", "PAGE_SIZE", "SPECULATIVE_ADAPTIVE", "ARCHITECTURE", "DP_RANKS", "ACCEPT_LENGTH_SOURCE",
-    "SERVER_ACCEPT_LENGTH", "DECLARED_MAX_RUNNING", "ACCEPT_HISTOGRAM", "REQUEST_TOKENS", "REQUEST_TOKENS_AUTO", "BY_CLASS", "by_class_of", "MEMORY_USAGE", "MODEL_PREDICTION", "MODEL_NOTE", "THINKING_TOKENS", "DUPLICATE_OF", "RULED_OUT_BY", "RETRY_OF", "WARM_START", "BASELINE", "CONSTRAINTS",
+    "SERVER_ACCEPT_LENGTH", "DECLARED_MAX_RUNNING", "ACCEPT_HISTOGRAM", "REQUEST_TOKENS", "REQUEST_TOKENS_AUTO", "BY_CLASS", "by_class_of", "MEMORY_USAGE", "CAPTURE_MEMORY", "MODEL_PREDICTION", "MODEL_NOTE", "THINKING_TOKENS", "DUPLICATE_OF", "RULED_OUT_BY", "RETRY_OF", "WARM_START", "BASELINE", "CONSTRAINTS",
     "SERVER_LOG_ARTIFACT", "SINGLE_TPS_SPREAD", "SINGLE_TPS_CI95", "INTERRUPTED", "SCHEDULE",
     "SINGLE_TPS_RUNS", "CONCURRENT_TPS_BY_LEVEL", "CONCURRENT_WINDOW_S", "CONCURRENT_P99_ITL_MS", "CONCURRENT_P99_TTFT_MS",
     "COMPLETION_TOKENS", "MEASURE_S", "HARDWARE", "SAMPLER", "record_log_artifact",
-    "params_of", "record_launch", "record_server", "record_measurement", "record_failure", "SETTLED_COPY_SKIPS",
+    "params_of", "record_launch", "record_server", "record_measurement", "record_failure", "record_capture_memory",
+    "SETTLED_COPY_SKIPS",
 ]
 
 # -- the launch ------------------------------------------------------------------------------
@@ -85,6 +87,10 @@ BY_CLASS = "by_class"
 # internal_states[0].memory_usage of /server_info: weight, kvcache, graph ({runner: GiB}),
 # token_capacity, startup_available (GiB left after CUDA-graph capture: the graph-OOM margin)
 MEMORY_USAGE = "memory_usage"
+# What the capture log said about memory, kept for failed launches too (server/diagnose.py ·
+# capture_memory): {"free_before", "runners": {runner: {"avail_before", "usage", "avail_after"}},
+# "failed_runner", "cuda_graph_max_bs"}; a failed capture bounds its shape's need by what was free.
+CAPTURE_MEMORY = "capture_memory"
 # Written by the model sampler through space.suggest: what it predicted for this trial
 # ({"single_tps": [lo, mid, hi], ..., "p_start": p}) and why it chose it, or why it fell back.
 MODEL_PREDICTION = "model_prediction"
@@ -152,7 +158,16 @@ def memory_usage(server_info: dict) -> dict | None:
     keep = {k: usage[k] for k in ("weight", "kvcache", "graph", "token_capacity", "startup_available") if usage.get(k) is not None}
     if isinstance(keep.get("graph"), (int, float)):  # 0.5.9: one figure for all graphs
         keep["graph"] = {"all": keep["graph"]}
+    if keep and server_info.get("cuda_graph_max_bs") is not None:  # the largest graph batch it may capture
+        keep["cuda_graph_max_bs"] = server_info["cuda_graph_max_bs"]
     return keep or None
+
+
+def record_capture_memory(trial, log: str | None) -> None:
+    """The capture log's memory figures of a launch (failed ones too), when it logged any."""
+    found = capture_memory(log or "")
+    if found is not None:
+        trial.set_user_attr(CAPTURE_MEMORY, found)
 
 
 def record_measurement(trial, m: Measurement) -> None:

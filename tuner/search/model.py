@@ -18,17 +18,17 @@ capacity and whether the server starts, each with an uncertainty:
   costs the same while memory-bound and grows linearly past a knee in batch x draft tokens
   (docs/h200-forward-times.md).  Fitted (non-negative least squares, knee on a grid) on
   accept / single_tps at batch 1 and batch x accept / concurrent_tps at the measured level.
-- Memory is linear.  KV tokens = (mem_fraction x pre-load memory - weights - per-draft-token
-  state) / cell: a line in the fraction (slope from the server's `memory_usage`: pre-load memory
-  = (weight + kvcache) / fraction, tokens per GiB = token_capacity / kvcache).  CUDA graphs need
-  g0 + graph_bs x (a x draft + b x topk x (steps - 1)) plus, for trees on FlashInfer, index
-  buffers in graph_bs x draft and graph_bs x steps x topk; fitted on the per-runner graph GiB
-  each launch reports.  What is left after capture (`startup_available`) is the graph-OOM
-  margin: slack (1 - fraction) x pre-load - other - graphs must stay above a threshold that
-  failed launches bound from below and started ones from above.
+- Memory, with what the launches leave unknown (issue #23; `Memory`, `HybridPool`).  KV tokens
+  in SGLang's form (a hybrid's state slots and per-draft-token intermediate state per served
+  slot, or a line in the fraction with a per-draft-token term); the graph memory of a shape
+  between the linear fit on the per-runner graph GiB and an upper bound scaling the most GiB per
+  graph token seen; the reserve a capture needs beyond what it reports between 1% of the memory
+  and the least `startup_available` a launch started with.  P(start) is the share of those
+  grids under which the launch fits; every memory failure keeps only the grid points under which
+  it would have failed (a graph OOM needed more than the capture log's free memory).
 
-Uncertainties are simple: residual-based log-normal spreads, widened for shapes unlike any
-measured one (an unseen topk, deeper or wider than measured), and a normal margin for starting.
+Throughput uncertainties are residual-based log-normal spreads, widened for shapes unlike any
+measured one (an unseen topk, deeper or wider than measured) and by the fit's own error.
 A measured shape is anchored: at another fraction it is predicted from its own measurement, and
 only what the fraction changes (the batch the pool allows) is uncertain (`Model.anchors`).
 Pure numpy/scipy on `FrozenTrial`s; nothing here knows the emulator.
@@ -239,16 +239,26 @@ def _accept_of(x: Launch) -> float | None:
 # --- step time ----------------------------------------------------------------------------------
 
 
-def _time_features(steps, topk, draft, batch, accept, concurrent, knee):
+def _time_features(steps, topk, draft, batch, accept, concurrent, knee, experts=0.0):
     """Features of one decode iteration's time (ms): overhead, per-request work, draft forwards
     (flat, and growing with batch x topk), tree bookkeeping, the verify's compute past the knee,
-    and, under load, the prefills of replacing finished requests (per accepted token)."""
+    under load the prefills of replacing finished requests (per accepted token), and a MoE's
+    expert reads: the share of experts the verify's tokens touch, 1 - exp(-tokens / experts),
+    steep to ~64 tokens and then flat (docs/h200-forward-times.md, "One MoE layer"); a dense
+    model's fit leaves it at zero (experts = 0: no column)."""
     steps, topk, draft, batch = (np.asarray(v, dtype=float) for v in (steps, topk, draft, batch))
     tokens = batch * draft
+    touched = 1 - np.exp(-tokens / experts) if experts > 0 else np.zeros_like(tokens)
     return np.stack([
         np.ones_like(tokens), batch, steps, steps * batch * topk, (topk > 1).astype(float),
         np.maximum(tokens - knee, 0.0), np.asarray(concurrent, dtype=float) * batch * np.asarray(accept, dtype=float),
+        touched,
     ], axis=-1)
+
+
+# Tokens over which a MoE verify touches ~63% of its experts (E / top-k for random routing:
+# 128 experts, top-8 -> 16); 0: a dense model.  Fitted on a grid with the knee.
+_EXPERT_SCALES = (0.0, 8.0, 16.0, 32.0)
 
 
 @dataclass
@@ -256,9 +266,10 @@ class StepTime:
     coef: np.ndarray
     knee: float
     spread: float  # relative std of time predictions (residual based)
+    experts: float = 0.0  # the MoE scale (tokens) of the fit, 0 for a dense one
 
     def ms(self, steps, topk, draft, batch, accept, concurrent) -> np.ndarray:
-        return _time_features(steps, topk, draft, batch, accept, concurrent, self.knee) @ self.coef
+        return _time_features(steps, topk, draft, batch, accept, concurrent, self.knee, self.experts) @ self.coef
 
 
 def _time_rows(ls: list[Launch], level_of) -> list[tuple]:
@@ -285,8 +296,8 @@ def _fit_time(ls: list[Launch], level_of) -> StepTime | None:
     a = np.array(rows, dtype=float)
     y = a[:, 6]
     best = None
-    for knee in _KNEES:
-        X = _time_features(a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4], a[:, 5], knee)
+    for knee, experts in ((k, e) for k in _KNEES for e in _expert_scales(ls)):
+        X = _time_features(a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4], a[:, 5], knee, experts)
         Xw = X / y[:, None]  # relative errors
         # Ridge rows pull every slope (not the constant) toward zero: with a launch or two the
         # step time is mostly the weights' streaming, the same for every shape; the data
@@ -295,10 +306,19 @@ def _fit_time(ls: list[Launch], level_of) -> StepTime | None:
         prior = np.diag(np.r_[0.0, _TIME_PRIOR * scale[1:]])
         coef, _ = nnls(np.vstack([Xw, prior]), np.r_[np.ones(len(y)), np.zeros(len(scale))])
         loss = float(np.sum(((X @ coef - y) / y) ** 2))
-        if best is None or loss < best[0]:
-            best = (loss, knee, coef)
-    loss, knee, coef = best
-    return StepTime(coef, knee, math.sqrt(loss / len(y)))
+        if best is None or loss < best[0] - 1e-12:
+            best = (loss, knee, coef, experts)
+    loss, knee, coef, experts = best
+    return StepTime(coef, knee, math.sqrt(loss / len(y)), experts)
+
+
+def _expert_scales(ls: list[Launch]) -> tuple[float, ...]:
+    """The MoE scales to try: all of them unless /model_info names a dense architecture
+    (a MoE's name says so: ...Moe..., DeepseekV*, Mixtral, ...)."""
+    arch = " ".join(str(x.attrs.get(record.ARCHITECTURE) or "") for x in ls).lower()
+    if arch and not any(name in arch for name in ("moe", "deepseek", "mixtral", "qwen3next", "qwen3_5", "gptoss", "glm4moe", "kimi")):
+        return (0.0,)
+    return _EXPERT_SCALES
 
 
 # --- memory -------------------------------------------------------------------------------------
@@ -321,43 +341,259 @@ def _graph_features(shape_steps, topk, draft, bs):
                      tree * bs * steps * topk], axis=-1)
 
 
+def graph_tokens(steps, topk, draft, bs) -> np.ndarray:
+    """Tokens of the largest graphs a shape captures: the verify and the draft extend take
+    bs x draft tokens, the draft decode bs x topk per step after the first (SGLang's
+    decode_cuda_graph_runner.py and eagle_draft_*_cuda_graph_runner.py: max_bs x tokens per request)."""
+    steps, topk, draft, bs = (np.asarray(v, dtype=float) for v in (steps, topk, draft, bs))
+    return bs * (2 * draft + topk * np.maximum(steps - 1, 0))
+
+
+# Latent grids: each unknown of the memory model is a point of a fixed grid of quantiles, and
+# the launches weigh them (started ones bound them from above, failed ones from below).
+_U_GRAPH = (np.arange(12) + 0.5) / 12  # where a shape's graphs sit between the fit and the upper bound
+_U_THETA = (np.arange(32) + 0.5) / 32  # the unreported reserve, between 0 and its upper bound
+_U_KV = (np.arange(16) + 0.5) / 16  # the per-draft-token KV reservation, between its bounds
+# Prior bounds on the reserve a capture needs beyond what it reports, as shares of the memory:
+# issue #23 measured ~1-8% of the card; 10% leaves a margin above.
+_THETA_MIN, _THETA_MAX = 0.01, 0.10
+_THETA_LOG = False
+_UNSEEN_TREE = 1.5  # a first tree's graphs per graph token, up to 1.5x a chain's (FlashInfer's index buffers)
+_UNSEEN_TOPK = 1.25  # another topk than any started tree's
+_KV_DECADE = 4.0  # a KV failure the line did not foresee: the reservation is 1-4x what it needed
+_FLATTEN = (0.25, 0.5, 0.75, 1.0)  # how much the reservation line may flatten beyond the started drafts
+# Hybrid (linear-attention) architectures: SGLang reserves their intermediate state per draft token
+# and request slot (kv_cache_configurator.py · _handle_max_mamba_cache), so KV tokens fall with draft tokens.
+_HYBRID_ARCHS = ("Qwen3Next", "Qwen3_5", "Mamba", "NemotronH", "FalconH", "Jamba", "Lfm2", "GraniteMoeHybrid",
+                 "KimiLinear", "Zamba", "Bamba", "MiniMax")
+
+
 @dataclass
 class Memory:
+    """The static pool, the request slots and the CUDA-graph edge, each with what the launches
+    leave unknown.
+
+    KV tokens in SGLang's form: tokens = alpha x (mfs x pre - weights) - beta x draft, where
+    beta x draft is the per-draft-token reservation of a hybrid's intermediate state (SGLang
+    reserves it per request slot before splitting the rest between state slots and KV,
+    `_handle_max_mamba_cache`; docs/sglang-real-server.md row 15) and alpha folds the state
+    share and the KV cell; dense models have beta = 0.  beta is known between [beta_lo, beta_hi].
+
+    A capture starts when free - graphs >= theta: free = (1 - mfs) x pre - other (the capture
+    log's "avail mem" before the first graph), graphs between the linear fit and an upper bound
+    that scales the most graph memory per graph token any launch showed, theta an unreported
+    reserve in [theta_lo, theta_hi] (theta_hi: the least startup_available a launch started with,
+    and at most 10% of the memory; theta_lo 1% of it).  Failed launches weigh the (graph, theta) grid: only combinations
+    under which they would have failed keep their weight."""
+
     pre: float  # GiB the static fraction is taken of (pre-load memory)
     fixed: float  # GiB of the static pool that is not KV: weights
-    cell: np.ndarray  # GiB per KV token = cell[0] + cell[1] x draft (hybrids keep per-draft-token state per slot)
+    alpha: float  # KV tokens per GiB of the pool
+    beta_lo: float  # KV tokens reserved per draft token (hybrids), lower bound
+    beta_hi: float
     running_cap: float
     running_per_token: float  # hybrid models: request slots grow with the pool
     graph_coef: np.ndarray
     other: float  # slack not available to graphs (activations), GiB
-    theta: float  # the startup_available below which capture fails, GiB
-    theta_sd: float
+    theta_hi: float  # upper bound of the reserve (GiB)
+    theta_lo: float  # lower bound
     spread: float  # GiB std of a graph-need prediction for measured-like shapes
     seen_topk: set
     max_draft: dict
+    rho_chain: float = 0.0  # most GiB per graph token of a started chain
+    rho_tree: float = 0.0  # of a started tree
+    tree_topk: set = field(default_factory=set)
+    measured: dict = field(default_factory=dict)  # (steps, topk, draft) -> (graph batch, GiB) of a started launch
+    weights: np.ndarray = field(default_factory=lambda: np.ones((len(_U_GRAPH), len(_U_THETA))))
+    # Graph OOMs the bounds did not foresee: per failed shape the least graph GiB it must need
+    # (what was free minus the largest reserve), and the factor by which the upper bound of every
+    # shape not yet started is widened (it was wrong once by that much).
+    floors: dict = field(default_factory=dict)
+    hi_scale: float = 1.0
     drafts: tuple = ()  # draft tokens of the launches the KV line was fitted on
+    flatten: bool = True  # False once a KV failure beyond them showed the line does not flatten
+    hybrid: "HybridPool | None" = None  # a hybrid's pools in SGLang's form, once the state pool capped a launch
 
-    def kv_tokens(self, mfs, draft) -> np.ndarray:
-        gib = self.pre * np.asarray(mfs) - self.fixed
-        return np.floor(np.maximum(gib, 0.0) / (self.cell[0] + self.cell[1] * np.asarray(draft)))
+    @property
+    def beta(self) -> float:
+        return math.sqrt(self.beta_lo * self.beta_hi) if self.beta_lo > 0 else (self.beta_lo + self.beta_hi) / 2
+
+    def kv_tokens(self, mfs, draft, beta: float | None = None) -> np.ndarray:
+        rest = self.pre * np.asarray(mfs, dtype=float) - self.fixed
+        tokens = self.alpha * rest - (self.beta if beta is None else beta) * self.reserved_drafts(draft)
+        return np.floor(np.maximum(tokens, 0.0))
 
     def running(self, tokens) -> np.ndarray:
         return np.minimum(self.running_cap, np.floor(np.asarray(tokens) * self.running_per_token))
 
+    def pool(self, mfs, draft) -> tuple[np.ndarray, np.ndarray]:
+        """(KV tokens, running requests) per candidate."""
+        if self.hybrid is not None:
+            tokens, running, _ = self.hybrid.solve(self.pre * np.asarray(mfs, dtype=float) - self.fixed, draft)
+            return tokens, running
+        tokens = self.kv_tokens(mfs, draft)
+        return tokens, self.running(tokens)
+
     def graphs(self, steps, topk, draft, bs) -> np.ndarray:
         return _graph_features(steps, topk, draft, bs) @ self.graph_coef
 
-    def margin(self, steps, topk, draft, mfs, bs) -> np.ndarray:
-        """startup_available predicted minus the failure threshold (GiB)."""
-        slack = self.pre * (1 - np.asarray(mfs))
-        return slack - self.other - self.graphs(steps, topk, draft, bs) - self.theta
+    def free(self, mfs) -> np.ndarray:
+        """GiB free before the first graph is captured."""
+        return self.pre * (1 - np.asarray(mfs, dtype=float)) - self.other
+
+    def graph_range(self, steps, topk, draft, bs) -> tuple[np.ndarray, np.ndarray]:
+        """(fit, upper bound) of the graph GiB of each shape at graph batch bs."""
+        steps, topk, draft, bs = (np.atleast_1d(np.asarray(v, dtype=float)) for v in (steps, topk, draft, bs))
+        lo = np.maximum(self.graphs(steps, topk, draft, bs), 0.0)
+        tree = topk > 1
+        rho = np.where(tree, self.rho_tree if self.rho_tree > 0 else self.rho_chain * _UNSEEN_TREE,
+                       self.rho_chain if self.rho_chain > 0 else self.rho_tree)
+        unseen = tree & np.array([int(k) not in self.tree_topk for k in topk]) & (self.rho_tree > 0)
+        hi = np.maximum(lo, self.hi_scale * rho * np.where(unseen, _UNSEEN_TOPK, 1.0) * graph_tokens(steps, topk, draft, bs))
+        for i, key in enumerate(zip(steps.astype(int).tolist(), topk.astype(int).tolist(), draft.astype(int).tolist())):
+            if key in self.measured:  # a started shape: its own figure, scaled by the graph batch
+                bs_m, gib = self.measured[key]
+                lo[i] = min(lo[i], gib * bs[i] / bs_m)
+                hi[i] = gib * max(bs[i] / bs_m, 1.0)
+            elif key in self.floors:  # it failed needing more than the bound: at least that, up to twice
+                lo[i] = max(lo[i], self.floors[key])
+                hi[i] = max(hi[i], 2 * self.floors[key])
+        return lo, hi
+
+    def p_graph(self, steps, topk, draft, mfs, bs) -> np.ndarray:
+        """P(the graphs fit): over the weighted (graph, theta) grid."""
+        lo, hi = self.graph_range(steps, topk, draft, bs)
+        room = self.free(mfs)
+        edges = self._theta(np.arange(len(_U_THETA) + 1) / len(_U_THETA))
+        w = self.weights / self.weights.sum()
+        out = np.zeros(len(lo))
+        for g, u in enumerate(_U_GRAPH):
+            left = room - (lo + u * (hi - lo))  # what the reserve may take
+            out += np.interp(left, edges, np.concatenate([[0.0], np.cumsum(w[g])]))
+        return np.clip(out, 0.0, 1.0)
+
+    def _theta(self, u) -> np.ndarray:
+        """The reserve at quantile u of its prior: log-uniform between the bounds (a reserve is
+        as likely 1-2% as 4-8% of the memory)."""
+        if _THETA_LOG and self.theta_lo > 0:
+            return self.theta_lo * (self.theta_hi / self.theta_lo) ** np.asarray(u)
+        return self.theta_lo + (self.theta_hi - self.theta_lo) * np.asarray(u)
+
+    def theta_range(self, q: float = 0.1) -> tuple[float, float]:
+        """The reserve's q and 1 - q quantiles under the launches' weights (GiB)."""
+        marginal = self.weights.sum(axis=0)
+        cum = np.cumsum(marginal) / marginal.sum()
+        theta = self._theta(_U_THETA)
+        return float(theta[np.searchsorted(cum, q)]), float(theta[min(np.searchsorted(cum, 1 - q), len(theta) - 1)])
+
+    def reserved_drafts(self, draft, flatten: float = _FLATTEN[1]) -> np.ndarray:
+        """Draft tokens as the reservation counts them: beyond the largest started draft count
+        SGLang reserves per slot the pool can still serve (min(max running, slots / ratio) + 1),
+        which falls as the drafts eat the pool, so the line may flatten there (by `flatten`);
+        a KV failure beyond them says it did not (flatten 1)."""
+        draft = np.asarray(draft, dtype=float)
+        if not self.flatten or not self.drafts:
+            return draft
+        top = float(max(self.drafts))
+        return np.where(draft > top, top + (draft - top) * flatten, draft)
+
+    def p_kv(self, mfs, draft) -> np.ndarray:
+        """P(the pool holds a request): over the per-draft-token reservation's range (and how
+        much it flattens beyond the measured drafts)."""
+        if self.beta_hi <= self.beta_lo:
+            betas = np.array([self.beta_lo])
+        elif self.beta_lo > 0:
+            betas = self.beta_lo * (self.beta_hi / self.beta_lo) ** _U_KV
+        else:
+            betas = self.beta_lo + (self.beta_hi - self.beta_lo) * _U_KV
+        need = max(2.0, 1.0 / max(self.running_per_token, 1e-12))
+        rest = self.pre * np.asarray(mfs, dtype=float) - self.fixed
+        if self.hybrid is not None:
+            return self.hybrid.p_start(rest, np.asarray(draft, dtype=float))
+        out = np.zeros(len(rest))
+        for f in _FLATTEN:
+            tokens = self.alpha * rest[:, None] - betas[None, :] * self.reserved_drafts(draft, f)[:, None]
+            out += (tokens >= need).mean(axis=1) / len(_FLATTEN)
+        return out
 
 
-def _fit_graphs(rows: list[tuple], extra: list[tuple] = ()) -> tuple[np.ndarray, float]:
-    a = np.array(list(rows) + list(extra), dtype=float)
+_U_POOL = (np.arange(24) + 0.5) / 24  # the per-draft-token state's grid, as shares of its largest value
+_MAMBA_RATIO = 3  # MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO: state slots per running request
+_MAMBA_SHARE = 0.9 / 1.9  # --mamba-full-memory-ratio 0.9: the state's share r / (1 + r) of the rest
+
+
+@dataclass
+class HybridPool:
+    """A hybrid model's pools in SGLang's own form (kv_cache_configurator.py ·
+    _handle_max_mamba_cache, resolve_max_num_reqs; docs/sglang-real-server.md row 15): of the
+    rest (mfs x pre - weights), the intermediate state r x draft per request slot served
+    (min(max running, slots / 3) + 1) is reserved first; the state slots K take share x the
+    remainder at s GiB each; KV tokens the rest at `cell` GiB; running requests are capped at
+    K // 3.  Fitted from launches whose running requests the state pool capped (their K is
+    3 x running); r is known on a grid (its weights: how well one s and one cell explain every
+    launch, and every KV failure's having failed)."""
+
+    r: np.ndarray  # GiB per draft token and slot, per grid point
+    s: np.ndarray  # GiB per state slot, per grid point
+    cell: np.ndarray  # GiB per KV token, per grid point
+    weights: np.ndarray
+    cap: float
+
+    def solve(self, rest, draft, i: int | None = None):
+        """(tokens, running, slots) per candidate, at grid point i (None: the weighted centre)."""
+        rest, draft = np.asarray(rest, dtype=float), np.asarray(draft, dtype=float)
+        if i is None:
+            i = int(np.argmin(np.abs(np.cumsum(self.weights) / self.weights.sum() - 0.5)))
+        r, s, cell = self.r[i], self.s[i], self.cell[i]
+        k = (rest - r * draft) / (s / _MAMBA_SHARE + r * draft / _MAMBA_RATIO)
+        capped = k / _MAMBA_RATIO > self.cap  # the request cap binds first
+        k = np.where(capped, (rest - r * draft * (self.cap + 1)) * _MAMBA_SHARE / s, k)
+        inter = r * draft * (np.minimum(k / _MAMBA_RATIO, self.cap) + 1)
+        tokens = np.floor(np.maximum(((1 - _MAMBA_SHARE) * (rest - inter) - s) / cell, 0.0))
+        running = np.minimum(np.minimum(self.cap, tokens // 2), np.floor(np.maximum(k, 0.0)) // _MAMBA_RATIO)
+        return tokens, running, k
+
+    def p_start(self, rest, draft) -> np.ndarray:
+        w = self.weights / self.weights.sum()
+        out = np.zeros(len(np.atleast_1d(rest)))
+        for i in np.flatnonzero(w > 1e-9):
+            tokens, running, _ = self.solve(rest, draft, i)
+            out += w[i] * ((tokens >= 2) & (running >= 1))
+        return out
+
+
+def _fit_hybrid_pool(mem: Memory, ok: list[Launch], failed_kv: list[Launch]) -> HybridPool | None:
+    """The pool of a hybrid from its state-capped launches, or None when none was capped."""
+    capped = [x for x in ok if 0 < float(x.attrs.get(record.MAX_RUNNING_REQUESTS) or 0) < mem.running_cap
+              and float(x.attrs[record.MAX_RUNNING_REQUESTS]) < x.memory["token_capacity"] // 2]
+    if not capped:
+        return None
+    rest = np.array([mem.pre * x.mfs - mem.fixed for x in capped])
+    draft = np.array([x.shape.draft for x in capped], dtype=float)
+    k = 3.0 * np.array([float(x.attrs[record.MAX_RUNNING_REQUESTS]) for x in capped]) + 1.0
+    tokens = np.array([float(x.memory["token_capacity"]) for x in capped])
+    slots = draft * (k / _MAMBA_RATIO + 1)
+    r = float(np.min(rest / slots)) * _U_POOL  # s >= 0 for every launch
+    s_each = _MAMBA_SHARE * (rest[None, :] - r[:, None] * slots[None, :]) / k[None, :]
+    s = np.median(s_each, axis=1)
+    cell = np.median(((1 - _MAMBA_SHARE) * (rest[None, :] - r[:, None] * slots[None, :]) - s[:, None]) / tokens[None, :], axis=1)
+    spread = np.std(s_each, axis=1) / np.maximum(s, 1e-9)
+    weights = np.exp(-0.5 * (spread / 0.05) ** 2) if len(capped) > 1 else np.ones(len(r))
+    pool = HybridPool(r, np.maximum(s, 1e-9), np.maximum(cell, 1e-12), weights, mem.running_cap)
+    for x in failed_kv:  # it failed: keep the grid points under which it would have
+        started = np.array([pool.solve([mem.pre * x.mfs - mem.fixed], [x.shape.draft], i)[1][0] >= 1 for i in range(len(r))])
+        if (pool.weights * ~started).sum() > 1e-6 * pool.weights.sum():
+            pool.weights = pool.weights * ~started
+        else:
+            return None  # the form does not explain it: the line's bounds take over
+    return pool
+
+
+def _fit_graphs(rows: list[tuple]) -> tuple[np.ndarray, float]:
+    a = np.array(rows, dtype=float)
     X = _graph_features(a[:, 0], a[:, 1], a[:, 2], a[:, 3])
     coef, _ = nnls(X, a[:, 4])
-    res = X[: len(rows)] @ coef - a[: len(rows), 4]
+    res = X @ coef - a[:, 4]
     return coef, float(np.sqrt(np.mean(res ** 2))) if len(rows) > 1 else 0.0
 
 
@@ -367,21 +603,49 @@ def _graph_gib(usage: dict) -> float:
     return float(sum(graph.values())) if isinstance(graph, dict) else float(graph)
 
 
+def _is_hybrid(ok: list[Launch]) -> bool:
+    arch = " ".join(str(x.attrs.get(record.ARCHITECTURE) or "") for x in ok)
+    return any(name.lower() in arch.lower() for name in _HYBRID_ARCHS)
+
+
+def _fit_kv(mem: Memory, ok: list[Launch], failed_kv: list[Launch], hybrid: bool) -> None:
+    """alpha and the bounds of beta (Memory's KV line), from the started launches' token
+    capacity; every KV failure raises beta's lower bound to what it must have been."""
+    rest = np.array([mem.pre * x.mfs - mem.fixed for x in ok])
+    drafts = np.array([x.shape.draft for x in ok], dtype=float)
+    tokens = np.array([float(x.memory["token_capacity"]) for x in ok])
+    if len(ok) >= 2 and (np.ptp(drafts) > 0 or np.ptp(rest) > 1e-6):
+        (alpha, beta), _ = nnls(np.stack([rest, -drafts], axis=1), tokens)
+    else:
+        alpha, beta = float(np.median(tokens / np.maximum(rest, 1e-9))), 0.0
+    mem.alpha = float(alpha)
+    if np.ptp(drafts) > 0:  # two draft counts: the line's slope in drafts is measured
+        mem.beta_lo, mem.beta_hi = 0.85 * beta, 1.15 * beta + 1e-9
+    elif hybrid:  # one draft count: up to the reservation that would leave the launches a quarter of their pool
+        mem.beta_lo, mem.beta_hi = 0.0, max(2 * beta, float(np.min(0.75 * alpha * rest / drafts)))
+    else:
+        mem.beta_lo, mem.beta_hi = 0.0, 2 * beta
+    need = max(2.0, 1.0 / max(mem.running_per_token, 1e-12))
+    mem.flatten = not any(x.shape.draft > max(mem.drafts) for x in failed_kv)
+    for x in failed_kv:
+        at_least = (mem.alpha * (mem.pre * x.mfs - mem.fixed) - need) / max(x.shape.draft, 1)
+        if at_least > mem.beta_lo:
+            mem.beta_lo = at_least
+        if mem.beta_lo >= mem.beta_hi:  # the line did not foresee it: the data no longer bound beta
+            mem.beta_hi = _KV_DECADE * mem.beta_lo
+    for x in ok:  # a started launch bounds it from above (it held a request at its draft count)
+        mem.beta_hi = max(min(mem.beta_hi, (mem.alpha * (mem.pre * x.mfs - mem.fixed) - need) / max(x.shape.draft, 1)), mem.beta_lo)
+
+
 def _fit_memory(ls: list[Launch]) -> Memory | None:
     ok = [x for x in ls if x.state == "ok" and x.memory and x.memory.get("kvcache") and x.memory.get("token_capacity")]
     if not ok:
         return None
     mu = [x.memory for x in ok]
     # The static pool is mfs x pre-load memory: weights, then the KV pool (for hybrids also the
-    # recurrent state of each request slot and its per-draft-token intermediate state, so the
-    # GiB per KV token grows with draft tokens: a line fitted once two drafts were launched).
+    # recurrent state of each request slot and its per-draft-token intermediate state).
     pre = float(np.median([(m.get("weight", 0.0) + m["kvcache"]) / x.mfs for m, x in zip(mu, ok)]))
     fixed = float(np.median([pre * x.mfs - m["kvcache"] for m, x in zip(mu, ok)]))
-    per_token = np.array([m["kvcache"] / m["token_capacity"] for m in mu])
-    drafts = np.array([x.shape.draft for x in ok], dtype=float)
-    cell = np.array([float(np.median(per_token)), 0.0])
-    if np.ptp(drafts) > 0:
-        cell, _ = nnls(np.stack([np.ones_like(drafts), drafts], axis=1), per_token)
     running = [float(x.attrs.get(record.MAX_RUNNING_REQUESTS) or 0) for x in ok]
     # The declared --max-running-requests (48 under speculation); below it the pool decides
     # (tokens // 2, or a hybrid model's state slots, which grow with the pool like its tokens).
@@ -389,47 +653,65 @@ def _fit_memory(ls: list[Launch]) -> Memory | None:
     cap = max(declared) if all(declared) else max(running)
     capped = [run / m["token_capacity"] for run, m in zip(running, mu) if run < cap]
     slots = float(np.median(capped)) if capped else 1e9
-    rows = [(x.shape.steps, x.shape.topk, x.shape.draft, run, _graph_gib(m)) for x, m, run in zip(ok, mu, running)]
+    rows = [(x.shape.steps, x.shape.topk, x.shape.draft, _graph_bs(x, run), _graph_gib(m)) for x, m, run in zip(ok, mu, running)]
     coef, spread = _fit_graphs(rows)
     # What the slack holds besides the graphs (activations), from what was left after capture;
     # a server that does not say (0.5.9) leaves it at 0: the edge is then learned from failures.
     others = [pre * (1 - x.mfs) - g[4] - m["startup_available"] for x, m, g in zip(ok, mu, rows) if m.get("startup_available") is not None]
-    mem = Memory(pre, fixed, cell, cap, slots, coef, float(np.median(others)) if others else 0.0, 0.0, 0.0, spread + 0.05,
-                 {x.shape.topk for x in ok}, {})
+    other = float(np.median(others)) if others else 0.0
+    left = [m["startup_available"] if m.get("startup_available") is not None else pre * (1 - x.mfs) - other - g[4]
+            for x, m, g in zip(ok, mu, rows)]
+    theta_hi = max(min(_THETA_MAX * pre, min(left)), 0.05)
+    mem = Memory(pre, fixed, 0.0, 0.0, 0.0, cap, slots, coef, other, theta_hi, min(_THETA_MIN * pre, 0.5 * theta_hi),
+                 spread + 0.05, {x.shape.topk for x in ok}, {})
     mem.drafts = tuple(sorted({x.shape.draft for x in ok}))
-    for x in ok:
+    for x, r in zip(ok, rows):
         mem.max_draft[x.shape.topk] = max(mem.max_draft.get(x.shape.topk, 0), x.shape.draft)
-    _fit_threshold(mem, ok, [x for x in ls if x.state in _MEM_FAILURES], rows)
+        per_token = r[4] / max(float(graph_tokens(*r[:4])), 1.0)
+        if x.shape.tree:
+            mem.rho_tree = max(mem.rho_tree, per_token)
+            mem.tree_topk.add(x.shape.topk)
+        else:
+            mem.rho_chain = max(mem.rho_chain, per_token)
+        mem.measured[(x.shape.steps, x.shape.topk, x.shape.draft)] = (r[3], r[4])
+    _fit_kv(mem, ok, [x for x in ls if x.state == "memory_kv"], _is_hybrid(ok))
+    if _is_hybrid(ok):
+        mem.hybrid = _fit_hybrid_pool(mem, ok, [x for x in ls if x.state == "memory_kv"])
+    _weigh_graph_failures(mem, [x for x in ls if x.state in _MEM_FAILURES])
     return mem
 
 
-def _fit_threshold(mem: Memory, ok: list[Launch], failed: list[Launch], rows: list[tuple]) -> None:
-    """The startup_available below which capture fails: above what failed launches would have
-    had, at or below what started launches had; a prior of 1% of the card in between."""
-    upper = min(float(x.memory["startup_available"]) if x.memory.get("startup_available") is not None
-                else mem.pre * (1 - x.mfs) - mem.other - float(mem.graphs(*r[:4])) for x, r in zip(ok, rows))
-    prior = 0.01 * mem.pre
-    if not failed:
-        mem.theta, mem.theta_sd = min(prior, upper), prior / 2
-        return
+def _graph_bs(x: Launch, running: float) -> float:
+    """The largest graph batch a launch captured: its running-request cap, or the capture's own
+    cuda_graph_max_bs when the server said."""
+    said = (x.memory or {}).get("cuda_graph_max_bs") or (x.attrs.get(record.CAPTURE_MEMORY) or {}).get("cuda_graph_max_bs")
+    return float(min(running, said)) if said else float(max(running, 1))
 
-    def avail(x: Launch) -> float:
-        bs = float(mem.running(mem.kv_tokens(x.mfs, x.shape.draft)))
-        return float(mem.pre * (1 - x.mfs) - mem.other - mem.graphs(x.shape.steps, x.shape.topk, x.shape.draft, bs))
 
-    lower = max(avail(x) for x in failed)
-    mem.theta = min(max(prior, lower + 0.05), upper) if lower < upper else upper
-    mem.theta_sd = max(0.05, min(prior / 2, (upper - max(lower, 0.0)) / 4))
-    # Failures the line calls feasible mean the graphs of that shape were underestimated:
-    # they needed at least the slack the launch had (a lower bound fed back to the fit).
-    extra = []
+def _weigh_graph_failures(mem: Memory, failed: list[Launch]) -> None:
+    """Keep the (graph, theta) combinations under which every graph OOM would have failed: a
+    failure needed more than what was free (the capture log's figure when it has one)."""
+    theta = mem._theta(_U_THETA)
+    weights = np.ones((len(_U_GRAPH), len(_U_THETA)))
+    seen = []
     for x in failed:
-        if avail(x) >= mem.theta:
-            bs = float(mem.running(mem.kv_tokens(x.mfs, x.shape.draft)))
-            need = mem.pre * (1 - x.mfs) - mem.other - mem.theta + 0.05
-            extra.append((x.shape.steps, x.shape.topk, x.shape.draft, bs, need))
-    if extra:
-        mem.graph_coef, _ = _fit_graphs(rows, extra)
+        bs = float(mem.pool([x.mfs], [x.shape.draft])[1][0]) or 1.0
+        free = (x.attrs.get(record.CAPTURE_MEMORY) or {}).get("free_before")
+        free = float(free) if free is not None else float(mem.free(x.mfs))
+        key = (x.shape.steps, x.shape.topk, x.shape.draft)
+        lo, hi = mem.graph_range([key[0]], [key[1]], [key[2]], [bs])
+        floor = free - mem.theta_hi  # even the largest reserve left the graphs too little
+        if floor > hi[0] + mem.spread and key not in mem.measured:
+            mem.floors[key] = max(mem.floors.get(key, 0.0), floor)
+            mem.hi_scale = max(mem.hi_scale, floor / max(hi[0], 1e-6))
+            lo, hi = mem.graph_range([key[0]], [key[1]], [key[2]], [bs])
+        seen.append((lo[0], hi[0], free))
+    for lo, hi, free in seen:
+        need = lo + _U_GRAPH[:, None] * (hi - lo) + theta[None, :]
+        weights *= norm.cdf((need - free) / mem.spread)
+    if weights.sum() < 1e-6:  # the failures contradict the bounds: forget them rather than divide by zero
+        weights = np.ones_like(weights)
+    mem.weights = weights
 
 
 # --- the model ----------------------------------------------------------------------------------
@@ -479,8 +761,7 @@ class Model:
                 cache[key] = self.acceptance.accept(Shape(int(key[0]), int(key[1]), int(key[2])))
         accept = np.array([cache[key] for key in zip(steps.tolist(), topk.tolist(), draft.tolist())])
         m = self.memory
-        tokens = m.kv_tokens(mfs, draft)
-        running = m.running(tokens)
+        tokens, running = m.pool(mfs, draft)
         batch = np.maximum(np.minimum(self.level, running), 1)
         t1 = self.time.ms(steps, topk, draft, np.ones_like(batch), accept, 0)
         tb = self.time.ms(steps, topk, draft, batch, accept, 1)
@@ -488,7 +769,9 @@ class Model:
         concurrent = batch * accept / np.maximum(tb, 1e-3) * 1000
         capacity = np.minimum(running, np.floor(tokens / self.request_tokens))
         novelty = self._novelty(steps, topk, draft)
-        base = math.hypot(self.acceptance.spread, self.time.spread) + 0.02
+        # A throughput fit that misses its own launches is as unsure elsewhere (a MoE whose
+        # verify cost the features do not hold, say): its error widens every interval.
+        base = math.hypot(self.acceptance.spread, self.time.spread, self.fit_error) + 0.02
         sd_single = base + 0.15 * novelty
         sd_concurrent = sd_single.copy()
         for i, key in enumerate(zip(steps.tolist(), topk.tolist(), draft.tolist())):
@@ -503,23 +786,23 @@ class Model:
             # what the fraction changes (the batch the pool allows) is uncertain.
             sd_single[i] = _SAME
             sd_concurrent[i] = _SAME + 0.5 * abs(math.log(batch[i] / batch_measured))
-        sd = np.stack([sd_single, sd_concurrent, 0.01 + 0.02 * novelty + self._kv_novelty(draft)], axis=1)
-        margin = m.margin(steps, topk, draft, mfs, np.maximum(running, 1))
-        graph = m.graphs(steps, topk, draft, np.maximum(running, 1))
-        # A shape unlike any launched (a first tree, say) may need memory no launch has shown:
-        # tree masks and wider verify activations sit beside the graphs, so its doubt scales
-        # with everything the slack holds besides the KV pool, not with the graphs alone.
-        sd_margin = np.sqrt(m.theta_sd ** 2 + m.spread ** 2 + (0.3 * novelty * (graph + m.other)) ** 2)
-        p_start = norm.cdf(margin / sd_margin) * (tokens > 0) * (running >= 1)
+        sd = np.stack([sd_single, sd_concurrent, 0.01 + 0.02 * novelty + self._kv_novelty(draft, mfs)], axis=1)
+        # A shape unlike any launched may need graph memory no launch has shown: between the
+        # fit and the upper bound that scales the most memory per graph token seen (Memory).
+        p_start = m.p_graph(steps, topk, draft, mfs, np.maximum(running, 1)) * m.p_kv(mfs, draft)
         return Prediction(single, concurrent, capacity, accept, sd, p_start)
 
-    def _kv_novelty(self, draft) -> np.ndarray:
-        """Until launches with two draft-token counts fix the per-draft-token state (hybrid
-        models), capacity away from the measured count is uncertain."""
-        if len(self.memory.drafts) >= 2:
-            return np.zeros(len(draft))
-        d0 = self.memory.drafts[0]
-        return 0.3 * np.minimum(1.0, np.abs(np.asarray(draft, dtype=float) - d0) / np.maximum(np.asarray(draft, dtype=float), d0))
+    def _kv_novelty(self, draft, mfs) -> np.ndarray:
+        """Capacity's doubt from the per-draft-token reservation's range (hybrid models): none
+        once two draft counts fixed the line, most far from the measured count."""
+        m = self.memory
+        if m.hybrid is not None:  # the spread of the pool's grid, weighted
+            h, rest = m.hybrid, m.pre * np.asarray(mfs, dtype=float) - m.fixed
+            keep = np.flatnonzero(h.weights > 1e-6 * h.weights.sum())
+            grid = np.array([h.solve(rest, draft, i)[0] for i in keep])
+            return np.minimum(1.0, np.std(grid, axis=0) / np.maximum(grid.mean(axis=0), 1.0))
+        tokens = np.maximum(m.kv_tokens(mfs, draft), 1.0)
+        return np.minimum(1.0, 0.5 * (m.beta_hi - m.beta_lo) * np.asarray(draft, dtype=float) / tokens)
 
     def _novelty(self, steps, topk, draft) -> np.ndarray:
         """0 for shapes like measured ones; up to 1 for an unseen topk or far extrapolation."""
@@ -567,7 +850,7 @@ def fit(trials: list[FrozenTrial], metric_names: list[str] | None) -> tuple[Mode
 def _anchors(model: Model, ok: list[Launch]) -> dict:
     """Per measured shape, the mean log ratio of measured to predicted throughputs (model.anchors)."""
     p = model.predict([x.shape.steps for x in ok], [x.shape.topk for x in ok], [x.shape.draft for x in ok], [x.mfs for x in ok])
-    batch = np.maximum(np.minimum(model.level, model.memory.running(model.memory.kv_tokens([x.mfs for x in ok], [x.shape.draft for x in ok]))), 1)
+    batch = np.maximum(np.minimum(model.level, model.memory.pool([x.mfs for x in ok], [x.shape.draft for x in ok])[1]), 1)
     by_shape: dict[Shape, list] = {}
     for i, x in enumerate(ok):
         if x.values.get("single_tps") and x.values.get("concurrent_tps"):

@@ -19,9 +19,11 @@ candidate is expected to add anything, the least known one (largest spread x P(s
 
 No model yet (nothing completed): the warm start's shape, or else the deepest chain (its
 acceptance by depth gives every shallower chain's), at a safe fraction: the command's own, or
-55% up the range, and lower after each graph OOM.  Where the model fits badly (or cannot be
-fitted: no memory_usage from the server, SLO constraints, objectives it does not predict), it
-falls back to the default sampler and says so in the trial's `model_note`.
+55% up the range, and lower after each graph OOM.  A shape's first start goes where P(start)
+>= 0.9; while the unreported reserve is uncertain, a reserve probe (`_reserve_probe`) raises a
+measured shape.  Where the model cannot be fitted (no memory_usage from the server, SLO
+constraints, objectives it does not predict), it falls back to the default sampler and says so
+in the trial's `model_note`; a poor throughput fit only widens the intervals (issue #23).
 """
 
 from __future__ import annotations
@@ -81,12 +83,12 @@ def _contains(dist, value) -> bool:
 
 class ModelSampler(optuna.samplers.BaseSampler):
     def __init__(self, fallback: optuna.samplers.BaseSampler, *, seed: int | None = None, draws: int = 64,
-                 min_p_start: float = 0.5, max_fit_error: float = 0.15, usable: str | None = None):
+                 min_p_start: float = 0.5, first_p_start: float = 0.9, usable: str | None = None):
         self._fallback = fallback
         self._seed = seed or 0
         self._draws = draws
         self._min_p = min_p_start
-        self._max_error = max_fit_error
+        self._first_p = first_p_start
         self._usable = usable  # why the model cannot be used at all (SLO constraints), or None
         self._space = None
         self._base = None
@@ -158,10 +160,9 @@ class ModelSampler(optuna.samplers.BaseSampler):
             if any(t.state == TrialState.COMPLETE for t in trials):
                 return Decision(fallback=True, note=f"model not fitted ({why}); the default sampler chose")
             return self._design(trials, shapes, mfs_values)
-        n_ok = sum(1 for t in trials if t.state == TrialState.COMPLETE)
-        if model.fit_error > self._max_error and n_ok >= 4:
-            return Decision(fallback=True, note=f"the model fits badly ({model.fit_error:.0%} RMS error on the "
-                                                f"measured throughputs); the default sampler chose")
+        # A poor throughput fit widens the throughput intervals (Model.predict) but keeps what
+        # the model knows about memory: handing the study to a sampler that knows nothing about
+        # it would cost failed launches (issue #23).
         return self._best(trials, model, names, shapes, mfs_values)
 
     def _candidates(self, fixed: dict) -> tuple[list[tuple[int, int, int]], list[float]]:
@@ -207,7 +208,12 @@ class ModelSampler(optuna.samplers.BaseSampler):
         # Highest fraction first: among equal gains argmax keeps the larger KV pool.
         cand = np.array([(*s, m) for s in shapes for m in reversed(mfs_values)], dtype=float)
         pred = model.predict(cand[:, 0].astype(int), cand[:, 1].astype(int), cand[:, 2].astype(int), cand[:, 3])
-        allowed = (pred.p_start >= self._min_p) & ~_excluded(cand, trials)
+        # A shape's first start goes where it starts with high confidence (the upper bound of its
+        # graph memory, below every failure of it); raising its fraction later is a launch of its own,
+        # worth it only if the expected gain says so.
+        started = {c[:3] for t in trials if t.state == TrialState.COMPLETE and (c := _config(t)) is not None}
+        first = np.array([tuple(int(x) for x in row[:3]) not in started for row in cand], dtype=bool)
+        allowed = (pred.p_start >= np.where(first, self._first_p, self._min_p)) & ~_excluded(cand, trials)
         if not allowed.any():
             return Decision(fallback=True, note="the model rules out every remaining configuration of the space "
                                                 "(measured, ruled out, or unlikely to start); the default sampler chose")
@@ -228,8 +234,15 @@ class ModelSampler(optuna.samplers.BaseSampler):
             c = names.index("capacity")
             samples[..., c] = np.minimum(samples[..., c], model.memory.running_cap)
         samples = samples / scale
-        gain = expected_hv_gain(_pad3(front / scale), _pad3(samples)) * pred.p_start[idx]
+        gain = expected_hv_gain(_pad3(front / scale), _pad3(samples))
+        if "capacity" in names:
+            gain = np.maximum(gain, _CLIMB_WEIGHT * _climb_gain(cand[idx], pred.capacity[idx], pred.p_start[idx], trials,
+                                                             measured, names, scale))
+        gain = gain * pred.p_start[idx]
         best = int(idx[int(np.argmax(gain))]) if gain.max() > 0 else int(idx[int(np.argmax(sds[idx].sum(1) * pred.p_start[idx]))])
+        probe = _reserve_probe(model, cand[idx], pred.p_start[idx], gain, first[idx])
+        if probe is not None:
+            best = int(idx[probe])
         s, k, d, m = cand[best]
         params = dict(zip(_NAMES, (int(s), int(k), int(d), round(float(m), 6))))
         why = (f"largest expected hypervolume gain {float(gain.max()):.4f}" if gain.max() > 0 else
@@ -237,6 +250,66 @@ class ModelSampler(optuna.samplers.BaseSampler):
         note = (f"model: {why} (P(start) {pred.p_start[best]:.2f}); "
                 f"fitted on {len(M.launches(trials, None))} launches, throughput fit error {model.fit_error:.1%}")
         return Decision(params, note=note, prediction=pred.interval(best))
+
+
+# Raising a measured shape's fraction also tells every other shape how much memory the capture
+# really needs (the reserve is the same for all): its worth is the hypervolume the whole measured
+# front would gain if every point's capacity grew as this one's would, discounted by half
+# (other shapes' graphs leave them less room), and it is taken only where P(start) >= 0.7.
+_CLIMB_WEIGHT = 1.0
+_CLIMB_P = 0.7
+
+
+_PROBE_P = (0.55, 0.8)  # a reserve probe starts with this probability: a failure is the price of learning
+
+
+def _reserve_probe(model: M.Model, cand: np.ndarray, p_start: np.ndarray, gain: np.ndarray, first: np.ndarray) -> int | None:
+    """While the unreported reserve is known only within more than 2% of the memory, the next
+    launch is a measured shape at a higher fraction that starts with P 0.55-0.8 (the most
+    gain among them): each success lowers the reserve's bound for every shape at once, each
+    failure raises it, so new shapes can then start near the edge at P >= 0.9 instead of
+    climbing one fraction step per launch.  None when the reserve is known or no such candidate."""
+    lo, hi = model.memory.theta_range()
+    if hi - lo <= 0.02 * model.memory.pre:
+        return None
+    ok = (~first) & (p_start >= _PROBE_P[0]) & (p_start <= _PROBE_P[1]) & (gain > 0)
+    if not ok.any():
+        return None
+    return int(np.flatnonzero(ok)[int(np.argmax(gain[ok]))])
+
+
+def _hv(points: np.ndarray) -> float:
+    """Hypervolume of normalised points (maximised, origin reference) on the gain's grid."""
+    return 1.0 - float(_box_volumes(np.clip(_pad3(points), 0, 1), 40)[-1, -1, -1])
+
+
+def _climb_gain(cand: np.ndarray, capacity: np.ndarray, p_start: np.ndarray, trials, measured: np.ndarray,
+                names: list[str], scale: np.ndarray) -> np.ndarray:
+    """Per candidate, the front's gain if its capacity ratio over its shape's best measured one
+    applied to every measured point; 0 for shapes not measured, or below _CLIMB_P."""
+    out = np.zeros(len(cand))
+    best: dict[tuple, float] = {}
+    for t in trials:
+        c = _config(t)
+        if t.state == TrialState.COMPLETE and c is not None and t.values:
+            best[c[:3]] = max(best.get(c[:3], 0.0), float(t.values[names.index("capacity")]))
+    if not best or not len(measured):
+        return out
+    front = measured.reshape(-1, len(names)) / scale
+    base = _hv(front)
+    col = names.index("capacity")
+    cache: dict[float, float] = {}
+    for i, row in enumerate(cand):
+        had = best.get(tuple(int(x) for x in row[:3]))
+        if not had or p_start[i] < _CLIMB_P or p_start[i] > 0.999 or capacity[i] <= had:
+            continue
+        ratio = round(float(capacity[i]) / had, 2)
+        if ratio not in cache:
+            lifted = front.copy()
+            lifted[:, col] = lifted[:, col] * ratio
+            cache[ratio] = max(_hv(np.concatenate([front, lifted])) - base, 0.0)
+        out[i] = cache[ratio]
+    return out
 
 
 def _pad3(a: np.ndarray) -> np.ndarray:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["Failure", "classify", "early_failure", "runtime_memory_failure", "TERMINAL_MARKERS", "GPU_OOM"]
+__all__ = ["Failure", "classify", "early_failure", "runtime_memory_failure", "capture_memory", "TERMINAL_MARKERS", "GPU_OOM"]
 
 
 @dataclass(frozen=True)
@@ -173,3 +173,56 @@ def runtime_memory_failure(log: str) -> bool:
 def early_failure(log: str) -> bool:
     """True once the log shows the launcher is going down, before the process has exited."""
     return any(marker in log for marker in TERMINAL_MARKERS)
+
+
+# --- what the capture log says about memory -----------------------------------------------------
+# Each graph runner logs the free memory before and after its capture.  0.5.23
+# (model_runner_components/cuda_graph_setup.py · capture_decode_graph, capture_prefill_graph;
+# speculative/eagle_worker_v2.py for the draft runners):
+#   "Capture target verify CUDA graph begin. backend=full, num_tokens_per_req=8, avail mem=9.87 GB"
+#   "Capture target verify CUDA graph end. bs=[1, 2, 4], elapsed=3.10 s, mem usage=1.23 GB, avail mem=8.64 GB."
+#   "Capture draft decode CUDA graph begin. backend=full, num_tokens_per_req=4, bs=[1, 2], avail mem=8.64 GB"
+# 0.5.9 (model_executor/model_runner.py · init_device_graphs, speculative/eagle_worker.py):
+#   "Capture cuda graph begin. This can take up to several minutes. avail mem=9.87 GB"
+#   "Capture cuda graph end. Time elapsed: 3.10 s. mem usage=1.23 GB. avail mem=8.64 GB."
+#   "Capture draft cuda graph begin. ...", "Capture draft extend cuda graph end. ...",
+#   and cuda_graph_runner.py's "Capture cuda graph bs [1, 2, 4]".
+_CAPTURE_LINE = re.compile(r"Capture (?P<name>[\w -]*?) ?(?:CUDA|cuda) graph (?P<edge>begin|end)\.(?P<rest>.*)$", re.M)
+_CAPTURE_BS = re.compile(r"Capture cuda graph bs \[([\d, ]*)\]")
+_RUNNERS = {"": "target", "target verify": "target_verify", "target decode": "decode", "draft": "draft_decode",
+            "draft decode": "draft_decode", "draft extend": "draft_extend", "target prefill": "prefill",
+            "draft prefill": "prefill"}
+
+
+def _gb(pattern: str, text: str) -> float | None:
+    match = re.search(pattern + r"=\s*([\d.]+) GB", text)
+    return float(match.group(1)) if match else None
+
+
+def capture_memory(log: str) -> dict | None:
+    """What the capture log says about memory, also for a launch that failed (GiB):
+    {"free_before": free memory before the first graph, "runners": {runner: {"avail_before",
+    "usage", "avail_after"}}, "failed_runner": the runner that began and never ended (None if
+    all ended), "cuda_graph_max_bs": the largest batch captured}.  None when nothing was logged.
+    Runner names are memory_usage.graph's (target_verify, decode, draft_decode, draft_extend, prefill)."""
+    runners: dict[str, dict] = {}
+    order: list[str] = []
+    sizes: list[int] = []
+    for match in _CAPTURE_LINE.finditer(log):
+        name = _RUNNERS.get(match.group("name").strip().lower(), match.group("name").strip().lower().replace(" ", "_"))
+        rest = match.group("rest")
+        bs = re.search(r"bs=\[([\d, ]*)\]", rest)
+        if bs:
+            sizes += [int(x) for x in bs.group(1).split(",") if x.strip()]
+        if match.group("edge") == "begin":
+            runners[name] = {"avail_before": _gb("avail mem", rest)}
+            order.append(name)
+        elif name in runners:
+            runners[name].update(usage=_gb("mem usage", rest), avail_after=_gb("avail mem", rest))
+    for match in _CAPTURE_BS.finditer(log):
+        sizes += [int(x) for x in match.group(1).split(",") if x.strip()]
+    if not order:
+        return None
+    failed = next((n for n in reversed(order) if "usage" not in runners[n]), None)
+    return {"free_before": runners[order[0]]["avail_before"], "runners": runners, "failed_runner": failed,
+            "cuda_graph_max_bs": max(sizes) if sizes else None}

@@ -1,0 +1,172 @@
+"""Calibrated memory (issue #23): what a failure teaches the model sampler, how far it trusts
+shapes larger than any launched, and what a failed launch's log says about memory."""
+
+import optuna
+import pytest
+from optuna.distributions import FloatDistribution
+from optuna.trial import TrialState, create_trial
+
+from sglang_emulator import model as EM
+from sglang_emulator.capture_log import capture_lines
+from tuner.config import SpaceConfig
+from tuner.results import record
+from tuner.search import model as M
+from tuner.search.samplers import make_sampler
+from tuner.search.space import suggest
+from tuner.server.diagnose import capture_memory
+from tuner.sglang_args import Params
+
+NAMES = ["single_tps", "concurrent_tps", "capacity"]
+SPACE = SpaceConfig.model_validate({
+    "speculative_num_steps": {"low": 1, "high": 16},
+    "speculative_eagle_topk": {"choices": [1, 2, 4]},
+    "speculative_num_draft_tokens": {"low": 2, "high": 16},
+    "mem_fraction_static": {"low": 0.80, "high": 0.93, "step": 0.01},
+})
+
+
+def _flags(steps, topk, draft, mfs):
+    return {"speculative_num_steps": steps, "speculative_eagle_topk": topk,
+            "speculative_num_draft_tokens": draft if topk > 1 else None, "mem_fraction_static": mfs}
+
+
+def _started(steps, topk, draft, mfs, *, tokens, startup, graph, weight, kvcache, arch="LlamaForCausalLM"):
+    accept = 1 + sum(0.8 ** j for j in range(1, steps + 1))
+    single, concurrent = accept / (10 + 0.3 * steps) * 1000, 32 * accept / (12 + 0.5 * steps) * 1000
+    reach = [1.0] + [0.8 ** j for j in range(1, steps + 1)] + [0.0]
+    attrs = {record.FLAGS: _flags(steps, topk, draft, mfs), record.MAX_TOTAL_NUM_TOKENS: tokens,
+             record.MAX_RUNNING_REQUESTS: 48, record.DECLARED_MAX_RUNNING: 48, record.ACCEPT_LENGTH: accept,
+             record.REQUEST_TOKENS: 8192, record.ARCHITECTURE: arch, "concurrent_tps_by_level": {"32": concurrent},
+             record.ACCEPT_HISTOGRAM: [int(1000 * (reach[k] - reach[k + 1])) for k in range(steps + 1)],
+             record.MEMORY_USAGE: {"weight": weight, "kvcache": kvcache, "token_capacity": tokens,
+                                   "startup_available": startup, "graph": {"target_verify": graph}}}
+    return create_trial(state=TrialState.COMPLETE, values=[single, concurrent, min(48, tokens // 8192)],
+                        params={"mem_fraction_static": mfs}, distributions={"mem_fraction_static": FloatDistribution(0.8, 0.93)},
+                        user_attrs=attrs)
+
+
+def _failed(steps, topk, draft, mfs, kind, **extra):
+    attrs = {record.FLAGS: _flags(steps, topk, draft, mfs), record.FAILURE_KIND: kind, **extra}
+    return create_trial(state=TrialState.PRUNED, params={"mem_fraction_static": mfs},
+                        distributions={"mem_fraction_static": FloatDistribution(0.8, 0.93)}, user_attrs=attrs)
+
+
+# --- a KV-pool failure moves the line -----------------------------------------------------------
+
+PRE, WEIGHTS, ALPHA = 90.0, 60.0, 20_000.0  # a hybrid on a 96 GB card: GiB, GiB, KV tokens per GiB of pool
+
+
+def _hybrid(steps, mfs, tokens):
+    rest = PRE * mfs - WEIGHTS
+    return _started(steps, 1, steps + 1, mfs, tokens=tokens, startup=PRE * (1 - mfs) - 3.0 - 0.05, graph=0.05,
+                    weight=WEIGHTS, kvcache=rest, arch="Qwen3_5MoeForConditionalGeneration")
+
+
+def _p_start(trials, steps, topk, draft, mfs):
+    model, why = M.fit(trials, NAMES)
+    assert model is not None, why
+    return float(model.predict([steps], [topk], [draft], [mfs]).p_start[0])
+
+
+def test_after_a_kv_failure_at_draft_16_no_draft_from_10_at_that_fraction_or_lower_is_predicted_to_start():
+    # Drafts 4 and 5 started with nearly the same pool (a small per-draft-token reservation), so the
+    # line says draft 16 fits at 0.93; it failed: the reservation is far larger than the line said.
+    trials = [_hybrid(3, 0.90, int(ALPHA * (PRE * 0.90 - WEIGHTS)) - 8_000),
+              _hybrid(4, 0.92, int(ALPHA * (PRE * 0.92 - WEIGHTS)) - 10_000)]
+    assert _p_start(trials, 15, 1, 16, 0.93) > 0.5  # what the line said before the failure
+    trials.append(_failed(15, 1, 16, 0.93, "memory_kv"))
+    for draft in range(10, 17):
+        for mfs in (0.85, 0.88, 0.90, 0.92, 0.93):
+            assert _p_start(trials, draft - 1, 1, draft, mfs) < 0.5, (draft, mfs)
+    # ... unless a later launch says so: draft 12 started at 0.92, so draft 10 fits at 0.90.
+    trials.append(_hybrid(11, 0.92, 72_000))
+    assert _p_start(trials, 9, 1, 10, 0.90) >= 0.5
+
+
+# --- graph memory of shapes larger than any launched -------------------------------------------
+
+def _dense(steps, topk, draft, mfs, graph=1.0):
+    pre, weights, other = 80.0, 16.0, 1.0
+    rest = pre * mfs - weights
+    return _started(steps, topk, draft, mfs, tokens=int(rest * 4000), startup=pre * (1 - mfs) - other - graph, graph=graph,
+                    weight=weights, kvcache=rest)
+
+
+def _narrow_edge():
+    """The tree (5, 4, 8) started at 0.82 and 0.87 and ran out of graph memory at 0.90 (the
+    first launch of issue #23's dense 8B study, and its edge)."""
+    return [_dense(5, 4, 8, 0.82, graph=3.0), _dense(5, 4, 8, 0.87, graph=3.0),
+            _failed(5, 4, 8, 0.90, "memory_graph", **{record.CAPTURE_MEMORY: {"free_before": 7.0, "runners": {},
+                                                                            "failed_runner": "target_verify"}})]
+
+
+def _propose(trials, shape):
+    """The model sampler's fraction for a shape an operator fixed (enqueued without a fraction)."""
+    study = optuna.create_study(directions=["maximize"] * 3, sampler=make_sampler("model", 0, n_objectives=3))
+    study.set_metric_names(NAMES)
+    for t in trials:
+        study.add_trial(t)
+    steps, topk, draft = shape
+    study.enqueue_trial({"speculative_num_steps": steps, "speculative_eagle_topk": topk, "speculative_num_draft_tokens": draft})
+    trial = study.ask()
+    p = suggest(trial, SPACE, Params())
+    assert (p.speculative_num_steps, p.speculative_eagle_topk, p.speculative_num_draft_tokens) == shape
+    return p.mem_fraction_static, trial.user_attrs[record.MODEL_PREDICTION]["p_start"]
+
+
+def test_a_first_tree_twice_as_wide_is_not_launched_at_the_narrow_shapes_edge():
+    trials = _narrow_edge()
+    # Twice the draft tokens: 1.5x the graph tokens of the narrow tree, whose graphs sat at the
+    # edge at 0.87; the wide one's upper bound (its graph tokens x the narrow tree's GiB per token)
+    # does not fit there with the largest reserve the launches allow.
+    assert _p_start(trials, 5, 4, 16, 0.87) < 0.9
+    mfs, p = _propose(trials, (5, 4, 16))
+    assert mfs < 0.87 and p >= 0.9, (mfs, p)
+
+
+def test_after_a_graph_oom_the_next_launch_of_that_shape_is_where_the_upper_bound_says_it_fits():
+    # Issue #23: (5, 4, 8) started at 0.82; the wide tree failed at 0.90; the next try went to
+    # 0.87 at P(start) 1.00 and failed again.  Here the next try is where the upper bound fits.
+    trials = [_dense(5, 4, 8, 0.82, graph=3.0),
+              _failed(5, 4, 16, 0.90, "memory_graph", **{record.CAPTURE_MEMORY: {"free_before": 7.0}})]
+    assert _p_start(trials, 5, 4, 16, 0.90) < 0.1  # the failure moved the model
+    mfs, p = _propose(trials, (5, 4, 16))
+    assert p >= 0.9 and mfs <= 0.85, (mfs, p)  # not one step down from 0.90
+
+
+# --- what a failed launch's log says -----------------------------------------------------------
+
+def _emulator_failure_log(version):
+    spec = EM.SpecShape("EAGLE3", 3, 4, 8)
+    graphs = {"target_verify": 2.5, "draft_decode": 0.75, "draft_extend": 0.4}
+    return "\n".join(capture_lines(spec, graphs, (1, 2, 4, 8, 48), 3.1, failed_runner="draft_decode", version=version,
+                                   elapsed_s=3.0)) + "\nCapture cuda graph failed: CUDA error: CUBLAS_STATUS_ALLOC_FAILED"
+
+
+@pytest.mark.parametrize("version", ["0.5.23", "0.5.9"])
+def test_the_capture_log_of_a_failed_launch_is_read(version):
+    got = capture_memory(_emulator_failure_log(version))
+    assert got["free_before"] == 3.1
+    assert got["failed_runner"] == "draft_decode"
+    target = got["runners"]["target_verify" if version == "0.5.23" else "target"]
+    assert target == {"avail_before": 3.1, "usage": 2.5, "avail_after": 0.6}
+    assert got["cuda_graph_max_bs"] == 48
+
+
+def test_sglang_0_5_23_capture_lines_as_sglang_prints_them():
+    # model_runner_components/cuda_graph_setup.py · capture_decode_graph and eagle_worker_v2.py (0.5.23)
+    log = ("[2026-12-01 10:00:01 TP0] Capture target verify CUDA graph begin. backend=full, num_tokens_per_req=8, avail mem=9.87 GB\n"
+           "[2026-12-01 10:00:04 TP0] Capture target verify CUDA graph end. bs=[1, 2, 4, 8, 12, 16], elapsed=3.10 s, mem usage=1.23 GB, avail mem=8.64 GB.\n"
+           "[2026-12-01 10:00:04 TP0] Capture draft decode CUDA graph begin. backend=full, num_tokens_per_req=4, bs=[1, 2, 4, 8, 12, 16], avail mem=8.64 GB\n"
+           "[2026-12-01 10:00:05 TP0] Scheduler hit an exception: Traceback ...\nException: Capture cuda graph failed: CUDA error: out of memory")
+    got = capture_memory(log)
+    assert got == {"free_before": 9.87, "failed_runner": "draft_decode", "cuda_graph_max_bs": 16,
+                   "runners": {"target_verify": {"avail_before": 9.87, "usage": 1.23, "avail_after": 8.64},
+                               "draft_decode": {"avail_before": 8.64}}}
+
+
+def test_memory_usage_of_a_started_launch_keeps_cuda_graph_max_bs():
+    info = {"cuda_graph_max_bs": 48, "internal_states": [{"memory_usage": {
+        "weight": 16.0, "kvcache": 50.0, "token_capacity": 409600, "startup_available": 4.2,
+        "graph": {"target_verify": 1.1, "draft_decode": 0.2, "draft_extend": 0.1}}}]}
+    assert record.memory_usage(info)["cuda_graph_max_bs"] == 48
