@@ -22,7 +22,8 @@ is started:
 3. **Evaluation**, noise-free: the best static configuration at each level (each level's own
    best steps, at its own cap); SGLang's default table and the tuned table replayed with
    SGLang 0.5.23's policy (`adaptive_level`: slot routing after CUDA-graph padding, the EMA of
-   accepted drafts, warm-up, probing out of steps 0 -- whatever the policy visits is paid for),
+   each request's accepted drafts as the live engine draws them, warm-up, probing out of steps
+   0 -- whatever the policy visits is paid for at its mean rate),
    at the running-request cap adaptive mode leaves (`adaptive_memory`: draft buffers for the
    largest candidate, one graph set per candidate).  Tuned figures are the mean over seeds and
    the worst seed.

@@ -8,7 +8,8 @@ the engine's scheduling, prompt mix and timing noise.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import random
+from dataclasses import dataclass, field
 
 from . import model as m
 from .adaptive import AdaptiveSpeculativeParams, AdaptiveTable, graph_states, resolve_adaptive_steps, table_from_steps
@@ -42,6 +43,15 @@ class Workload:
     concurrency: int = 16
     request_tokens: int = 8192
     prompt_spread: float | None = None  # None: the profile's own
+    # The kind of text asked for (model.prompt_category's names): its shift of logit(q), as the
+    # engine applies it per request (engine.py · _prompt_traits); "chat" shifts nothing.
+    category: str = "chat"
+
+
+def _mean_shift(profile: m.Profile, w: Workload) -> float:
+    """The workload's shift of logit(q) before the per-prompt spread: its category and its
+    prompts' context length, as engine.py · _prompt_traits adds them to each request."""
+    return m.category_shift(profile.acceptance, w.category) + m.context_shift(profile.acceptance, w.prompt_tokens)
 
 
 @dataclass(frozen=True)
@@ -62,14 +72,19 @@ class Expectation:
 _SHIFT_QUANTILES = (-1.2816, -0.5244, 0.0, 0.5244, 1.2816)  # 10/30/50/70/90% of N(0, 1)
 
 
+def _prompt_shifts(profile: m.Profile, w: Workload) -> list[float]:
+    """The prompt mix as five prompts: the 10/30/50/70/90% quantiles of the per-prompt shift."""
+    spread = profile.acceptance.prompt_spread if w.prompt_spread is None else w.prompt_spread
+    return [_mean_shift(profile, w) + z * spread for z in _SHIFT_QUANTILES]
+
+
 def _accept(profile: m.Profile, spec: m.SpecShape, w: Workload) -> float:
     """Mean accept length over the prompt mix and, with ignore_eos, the post-EOS tail."""
     if not spec.enabled:
         return 1.0
-    spread = profile.acceptance.prompt_spread if w.prompt_spread is None else w.prompt_spread
     natural = [
-        m.expected_accept_length(profile, spec, temperature=w.temperature, top_p=w.top_p, prompt_shift=z * spread)
-        for z in _SHIFT_QUANTILES
+        m.expected_accept_length(profile, spec, temperature=w.temperature, top_p=w.top_p, prompt_shift=shift)
+        for shift in _prompt_shifts(profile, w)
     ]
     mean_natural = sum(natural) / len(natural)
     if not w.ignore_eos or w.max_tokens <= w.natural_tokens:
@@ -192,6 +207,55 @@ def static_level(
     return LevelExpectation(batch, tokens / ms * 1000, accept, ms, ((steps if steps is not None else -1, 1.0),))
 
 
+@dataclass
+class _Request:
+    shift: float  # its prompt's shift of logit(q)
+    generated: int = 0
+
+
+@dataclass
+class _PolicyFeed:
+    """The accepted drafts of each running request per decode batch, as engine.py · _decode
+    draws them: one uniform per request against P(accepted >= j) of its own prompt (a quantile
+    of the mix, drawn per new request); a request done after the workload's output tokens is
+    replaced by a new one, as a benchmark client keeps `batch` in flight."""
+
+    profile: m.Profile
+    w: Workload
+    algorithm: str
+    batch: int
+    rng: random.Random
+    running: list[_Request] = field(default_factory=list)
+    _masses: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._shifts = _prompt_shifts(self.profile, self.w)
+        self._out = self.w.max_tokens if self.w.ignore_eos else min(self.w.max_tokens, self.w.natural_tokens)
+        self.running = [_Request(self.rng.choice(self._shifts)) for _ in range(self.batch)]
+
+    def _mass(self, steps: int, shift: float, degenerate: bool) -> list[float]:
+        key = (steps, shift, degenerate)
+        if key not in self._masses:
+            qs = m.depth_acceptance(self.profile.acceptance, steps=steps, temperature=self.w.temperature,
+                                    top_p=self.w.top_p, prompt_shift=shift, degenerate=degenerate)
+            self._masses[key] = m.accept_length_distribution(qs, topk=1, draft_tokens=steps + 1,
+                                                             second_share=self.profile.acceptance.second_share)
+        return self._masses[key]
+
+    def accepted_drafts(self, steps: int) -> list[int]:
+        """One batch's num_correct_drafts_per_req (all 0 at steps 0: only the bonus token)."""
+        out = []
+        for i, req in enumerate(self.running):
+            degenerate = self.w.ignore_eos and req.generated >= self.w.natural_tokens
+            u = self.rng.random()
+            accepted = sum(1 for p in self._mass(steps, req.shift, degenerate) if u < p) if steps > 0 else 0
+            out.append(accepted)
+            req.generated += 1 + accepted
+            if req.generated >= self._out:
+                self.running[i] = _Request(self.rng.choice(self._shifts))
+        return out
+
+
 def adaptive_level(
     profile: m.Profile | str,
     table: AdaptiveTable,
@@ -203,13 +267,19 @@ def adaptive_level(
     initial_steps: int | None = None,
     cuda_graph_bs: tuple[int, ...] | None = None,
     decode_batches: int = 400,
+    seed: int = 0,
 ) -> LevelExpectation:
     """Expected throughput at `batch` with an adaptive table: SGLang's own policy
-    (adaptive.AdaptiveSpeculativeParams) fed each batch with the model's mean accepted drafts
-    of the active steps, run for `decode_batches` batches past warm-up; throughput is the
+    (adaptive.AdaptiveSpeculativeParams) run for `decode_batches` batches past warm-up; throughput is the
     tokens of those batches over their time (so a slot that keeps probing 0 -> 1 -> 0 pays for
     its probes).  `initial_steps` defaults to SGLang's resolution (middle of the candidate
     union); `cuda_graph_bs` defaults to the spec capture sizes up to 48.
+
+    The policy is fed what the live engine feeds it (`_PolicyFeed`, drawn from `seed`): each
+    request's own accepted drafts, not the mean, so a small batch's noisy EMA crosses the
+    thresholds the live server crosses (at one stream, chat, SGLang's default slot [1,3,5,7]
+    moves 3 <-> 5 instead of staying at 3); the batches are paid at the mean rates of the steps
+    visited, so a pinned table still equals its static level.
     """
     if isinstance(profile, str):
         profile = PROFILES[profile]
@@ -218,6 +288,7 @@ def adaptive_level(
     graph_bs = cuda_graph_bs if cuda_graph_bs is not None else m.capture_batch_sizes(48, True)
     rates: dict[int, tuple[float, float, float]] = {}
     policy = AdaptiveSpeculativeParams(start, table, graph_bs, announce=False, quiet=True)
+    feed = _PolicyFeed(profile, workload, algorithm, batch, random.Random(seed))
     warm = policy.slot(batch).cfg.warmup_batches
     tokens = ms = accepted_tokens = 0.0
     visits: dict[int, int] = {}
@@ -225,12 +296,11 @@ def adaptive_level(
         steps = policy.activate_step_by_batch(batch)
         if steps not in rates:
             rates[steps] = _level_rate(profile, _spec_for(algorithm, steps), batch, workload, tp)
-        t, dt, accept = rates[steps]
+        t, dt, _ = rates[steps]
         if i >= warm:
             tokens, ms, accepted_tokens = tokens + t, ms + dt, accepted_tokens + t / batch
             visits[steps] = visits.get(steps, 0) + 1
-        # The batch average of accepted drafts, the same for every request of the batch.
-        policy.on_verify_complete([0] * batch if steps == 0 else [accept - 1] * batch, batch)
+        policy.on_verify_complete(feed.accepted_drafts(steps), batch)
     n = sum(visits.values())
     shares = tuple(sorted((s, c / n) for s, c in visits.items()))
     return LevelExpectation(batch, tokens / ms * 1000, accepted_tokens / n, ms / n, shares)

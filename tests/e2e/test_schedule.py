@@ -113,18 +113,75 @@ def test_verification_compares_the_tuned_table_with_sglangs_default_and_the_best
     assert json.loads(out.read_text()) == tuned.user_attrs["schedule"]["table"]
 
 
+# Short code prompts, one category: the emulator reads "code" off their words (model.prompt_category)
+# and raises their acceptance (profiles.CATEGORY_SHIFTS); none is a summarisation or maths prompt.
+CODE_PROMPTS = [
+    "Write a Python function that reverses a singly linked list in place.",
+    "Write a JavaScript function that debounces another function by 200 ms.",
+    "Write a SQL query that lists the ten customers with the most orders.",
+    "Write a bash script that renames every .jpeg file in a folder to .jpg.",
+    "Write a Python class for a stack with push, pop and peek methods.",
+    "Write a TypeScript function that deep-merges two plain objects.",
+    "Write a regular expression that matches ISO 8601 dates, with a Python example.",
+    "Write a Python function that parses a CSV line with quoted fields.",
+]
+LEVEL, MAX_TOKENS = 8, 96
+# Four rounds of LEVEL requests: a steady window long enough that two launches of one table
+# agree within ~3% on the loaded machine (two rounds of 64 tokens left ~5% between them).
+BENCH_CODE = f"""
+max_tokens = {MAX_TOKENS}
+single_requests = 1
+single_min_passes = 1
+single_max_passes = 1
+concurrency = {LEVEL}
+concurrent_requests = {4 * LEVEL}
+warmup_requests = 1
+"""
+
+
+def expected_gain_of_steps_5_over_sglangs_default() -> float:
+    """What the emulator's own model expects at LEVEL requests in flight on CODE_PROMPTS: steps 5
+    over SGLang's default table, replayed with SGLang's policy (landscape.adaptive_level)."""
+    from sglang_emulator import landscape as L
+    from sglang_emulator.adaptive import load_adaptive_config
+    from sglang_emulator.model import prompt_category
+
+    assert {prompt_category(p) for p in CODE_PROMPTS} == {"code"}
+    w = L.Workload(max_tokens=MAX_TOKENS, prompt_tokens=40, concurrency=LEVEL, category="code")
+    default = L.adaptive_level("qwen3.5-122b-a10b", load_adaptive_config(None), batch=LEVEL, workload=w)
+    tuned = L.static_level("qwen3.5-122b-a10b", batch=LEVEL, steps=5, workload=w)
+    # The premise: the default's slot for 8..31 running requests is "8": [0, 1, 3], so it runs
+    # steps 3 whatever its EMA says, and steps 5 is faster than 3 there.
+    assert default.steps == ((3, 1.0),)
+    return tuned.tokens_per_s / default.tokens_per_s - 1
+
+
 def test_verification_shows_the_tuned_table_ahead_of_sglangs_default_where_the_model_says_so(tmp_path):
-    # Qwen3.5 MTP at temperature 0, one stream: the emulator's model gives steps 5 ~12% over the
-    # steps 3 SGLang's default "1": [1,3,5,7] slot settles on (landscape.adaptive_level), so the
-    # tuned table ([5]) must show ahead of the default at level 1.
+    # Qwen3.5 MTP at temperature 0, 8 code prompts in flight.  A batch of 8 routes to the default
+    # table's "8": [0, 1, 3] slot (adaptive.AdaptiveTable.slot_key: padded to the capture size,
+    # nearest lower key), so SGLang's default is pinned at steps 3 by its table, not by its EMA;
+    # code's high acceptance makes steps 5 ~14% faster there (model; measured +15%).  The short
+    # dips below 8 while a finished request's replacement is prefilled route to "1" and are a
+    # few percent of the verifies.  Not 16 in flight: the default's largest candidate (7) leaves
+    # 10 requests running, steps 5 13, so at 16 the gain (+33-48%) would be the cap's, not the
+    # steps'.  Not one stream either: there the "1": [1, 3, 5, 7] slot's EMA of each request's
+    # accepted drafts crosses 2.5 and climbs to 5 (the live emulator logs "steps 3 -> 5" and
+    # back on the built-in mix; on code the model has it at 5 ~80% of the time, +2-3%), which is
+    # why the one-stream version of this test measured no gain once acceptance varied by prompt.
+    expected = expected_gain_of_steps_5_over_sglangs_default()
+    assert expected > 0.08, expected
+    prompts = tmp_path / "code.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p, "category": "code"}) + "\n" for p in CODE_PROMPTS))
     config = write_config(tmp_path, space="speculative_num_steps = { choices = [5] }\nspeculative_eagle_topk = { choices = [1] }",
-                          bench=BENCH_ONE_LEVEL.replace("concurrency = 2", "concurrency = 1"))
+                          bench=BENCH_CODE + f'prompts = "{prompts}"')
     assert run_cli("--trials", "1", "--config", str(config)).returncode == 0
     out = tmp_path / "t.json"
-    result = schedule("--config", str(config), "--levels", "1", "--out", str(out))
+    result = schedule("--config", str(config), "--levels", str(LEVEL), "--out", str(out))
     assert result.returncode == 0, result.stderr
-    assert json.loads(out.read_text()) == {"1": {"candidate_steps": [5]}}
-    row = next(line for line in result.stderr.splitlines() if line.startswith("| 1 |"))
+    assert json.loads(out.read_text()) == {str(LEVEL): {"candidate_steps": [5]}}
+    row = next(line for line in result.stderr.splitlines() if line.startswith(f"| {LEVEL} |"))
     gain = float(row.rstrip(" |").rsplit("|", 1)[1].strip().rstrip("%"))
-    assert gain > 5, row
-    assert "ahead of SGLang's default table at 1" in result.stderr
+    # Half the model's gain: above the launch-to-launch noise (two launches of SGLang's default
+    # table measured -1.1% and +1.5% apart here), and far from the 0% of the same table twice.
+    assert gain > 50 * expected, (row, f"model: {expected:+.1%}")
+    assert f"ahead of SGLang's default table at {LEVEL}" in result.stderr

@@ -230,6 +230,40 @@ def test_oracle_table_gives_the_best_static_speed_at_every_level_and_beats_sglan
     assert worse_somewhere
 
 
+QWEN = PROFILES["qwen3.5-122b-a10b"]
+
+
+def test_at_one_stream_sglangs_default_slot_moves_between_3_and_5_as_the_live_server_does():
+    # The live engine feeds SGLang's EMA each request's accepted drafts (engine.py · _decode):
+    # at one stream that EMA is noisy enough to cross 2.5 and climb from 3 to 5, where the
+    # down-hysteresis keeps it (the live emulator logs "steps 3 -> 5" on chat and code).  Fed
+    # the mean (2.16 accepted drafts at steps 3 on chat), the replay stayed at 3 for ever.
+    default = A.load_adaptive_config(None)
+    for category in ("chat", "code"):
+        w = L.Workload(max_tokens=64, prompt_tokens=40, concurrency=1, category=category)
+        shares = dict(L.adaptive_level(QWEN, default, batch=1, workload=w).steps)
+        assert shares.get(5, 0) > 0.1 and shares.get(3, 0) > 0.05, (category, shares)
+    code = L.Workload(max_tokens=64, prompt_tokens=40, concurrency=1, category="code")
+    assert dict(L.adaptive_level(QWEN, default, batch=1, workload=code).steps)[5] > 0.5
+    # From 8 running requests the default's slot is "8": [0, 1, 3]: steps 3, whatever the EMA.
+    assert L.adaptive_level(QWEN, default, batch=8, workload=code).steps == ((3, 1.0),)
+
+
+def test_a_workloads_category_and_context_shift_its_acceptance_as_the_engine_does():
+    chat = L.static_level(QWEN, batch=1, steps=3, workload=L.Workload(category="chat"))
+    code = L.static_level(QWEN, batch=1, steps=3, workload=L.Workload(category="code"))
+    creative = L.static_level(QWEN, batch=1, steps=3, workload=L.Workload(category="creative"))
+    long = L.static_level(QWEN, batch=1, steps=3, workload=L.Workload(category="chat", prompt_tokens=16_384))
+    assert creative.accept_length < chat.accept_length < code.accept_length
+    assert long.accept_length < chat.accept_length  # context_decay per doubling past 1,024 tokens
+    spec = m.SpecShape("EAGLE", 3, 1, 4)
+    shift = m.category_shift(QWEN.acceptance, "code")
+    spread = QWEN.acceptance.prompt_spread
+    mean = sum(m.expected_accept_length(QWEN, spec, temperature=0.0, prompt_shift=shift + z * spread)
+               for z in (-1.2816, -0.5244, 0.0, 0.5244, 1.2816)) / 5
+    assert code.accept_length == pytest.approx(mean)
+
+
 def test_steps_zero_is_a_verify_of_one_token_plus_the_draft_extend():
     zero = m.SpecShape("EAGLE", 0, 1, 1)
     plain = m.SpecShape(None, 0, 0, 0)
