@@ -223,6 +223,14 @@ def test_predicted_front_lists_unlaunched_configurations_with_intervals():
     assert len({tuple(r[:3]) for r in rows}) == len(rows)  # one row per shape
     mid, lo, hi = (float(x) for x in rows[0][4].replace("[", "").replace("]", "").replace(",", "").split())
     assert lo <= mid <= hi and launched
+    # Never a zero-width interval (a never-launched configuration is at least as uncertain as
+    # one measurement), and capacity in whole requests (issue 25 item 10).
+    for row in rows:
+        for name, cell in zip(header[4:-1], row[4:-1]):
+            mid, lo, hi = (float(x) for x in cell.replace("[", "").replace("]", "").replace(",", "").split())
+            assert lo < mid < hi, (name, cell)
+            if name == "capacity":
+                assert all(v == int(v) and "." not in cell for v in (mid, lo, hi)), cell
 
 
 def test_a_measured_shape_is_predicted_from_its_measurement_and_not_relaunched_for_noise():

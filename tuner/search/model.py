@@ -52,6 +52,9 @@ __all__ = ["Shape", "Launch", "launches", "reach_from_histogram", "pooled_depth_
 _KNEES = (32.0, 64.0, 128.0, 192.0, 256.0, 384.0, 512.0, 768.0, 1024.0, 2048.0, 1e9)
 _MEM_FAILURES = ("memory_graph", "memory_runtime")
 _SAME = 0.0  # relative spread of a measured shape's throughput at another fraction, same batch
+# The relative noise of one measurement (about [bench] single_target_ci's default 3% 95% half-width,
+# over 1.96, rounded up): the narrowest interval a report shows.
+REPORT_NOISE = 0.02
 _TIME_PRIOR = 0.3  # weight of the "step time does not depend on the shape" prior, per slope
 
 
@@ -733,7 +736,12 @@ class Prediction:
         out = {}
         for j, (name, mid) in enumerate((("single_tps", self.single), ("concurrent_tps", self.concurrent), ("capacity", self.capacity))):
             m = float(mid[i])
-            out[name] = [round(m * math.exp(-z * self.sd[i, j]), 1), round(m, 1), round(m * math.exp(z * self.sd[i, j]), 1)]
+            # The sampler's sd leaves out the noise an anchored shape shares with its measured
+            # point (predict); a launch of it would still see that noise, so a report shows it.
+            sd = max(float(self.sd[i, j]), REPORT_NOISE)
+            lo, hi = m * math.exp(-z * sd), m * math.exp(z * sd)
+            # Capacity counts requests: whole numbers, as the server's own figure is.
+            out[name] = [math.floor(lo), math.floor(m), math.floor(hi)] if name == "capacity" else [round(lo, 1), round(m, 1), round(hi, 1)]
         out["p_start"] = round(float(self.p_start[i]), 3)
         return out
 
