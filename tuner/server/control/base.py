@@ -19,7 +19,7 @@ from tuner.errors import HostError
 from tuner.server.host import Shell
 from tuner.server.launch import LaunchSpec
 
-__all__ = ["ServiceStatus", "ServiceControl", "LOG_LIMIT_BYTES", "OwnerLock", "TUNER_ID"]
+__all__ = ["ServiceStatus", "ServiceControl", "RestoresOnExit", "LOG_LIMIT_BYTES", "OwnerLock", "TUNER_ID"]
 
 LOG_LIMIT_BYTES = 4 << 20  # a trial's log kept in memory: the head and the newest lines
 
@@ -65,6 +65,22 @@ class ServiceControl(Protocol):
     def __enter__(self) -> "ServiceControl": ...
 
     def __exit__(self, *exc: object) -> None: ...
+
+
+class RestoresOnExit:
+    """A control as a context manager: the target is restored on leaving, on every path.  A
+    second Ctrl-C / SIGTERM that lands while restoring finishes the restore before it is
+    raised, so the operator's server is never left half put back."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.restore()
+        except KeyboardInterrupt:
+            self.restore()
+            raise
 
 
 class LogBuffer:

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 from tuner.errors import HostError
 from tuner.server.host import Shell
 from tuner.server.launch import LaunchSpec
-from tuner.server.control.base import LogBuffer, OwnerLock, ServiceStatus
+from tuner.server.control.base import LogBuffer, OwnerLock, RestoresOnExit, ServiceStatus
 
 __all__ = ["ProcessControl", "state_name"]
 
@@ -40,7 +40,7 @@ def state_name(url: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", f"{parts.hostname}-{port}")
 
 
-class ProcessControl:
+class ProcessControl(RestoresOnExit):
     def __init__(self, shell: Shell, *, workdir: str, name: str, stop_timeout_s: float = 30.0):
         self.shell = shell
         self.name = name
@@ -195,12 +195,3 @@ class ProcessControl:
         if self._lock is not None:
             self._lock.release()
 
-    def __enter__(self) -> "ProcessControl":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            self.restore()
-        except KeyboardInterrupt:  # a second Ctrl-C / SIGTERM while stopping: finish stopping
-            self.restore()
-            raise

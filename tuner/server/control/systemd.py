@@ -27,7 +27,7 @@ import time
 from tuner.errors import HostError
 from tuner.server.host import Shell
 from tuner.server.launch import LaunchSpec
-from tuner.server.control.base import LogBuffer, OwnerLock, ServiceStatus
+from tuner.server.control.base import LogBuffer, OwnerLock, RestoresOnExit, ServiceStatus
 
 __all__ = ["SystemdControl", "systemd_quote", "render_dropin", "DROPIN_NAME", "APPLIED_NAME"]
 
@@ -65,7 +65,7 @@ def render_dropin(spec: LaunchSpec, *, original_state: str | None, study: str) -
     return "\n".join(lines) + "\n"
 
 
-class SystemdControl:
+class SystemdControl(RestoresOnExit):
     def __init__(self, shell: Shell, *, unit: str, name: str, stop_timeout_s: float = 30.0, leave_best: bool = False):
         self.shell = shell
         self.unit = unit if unit.endswith(".service") else unit + ".service"
@@ -265,12 +265,3 @@ class SystemdControl:
             self._run(f"systemctl start --no-block {self.unit}")
         self._started = False
 
-    def __enter__(self) -> "SystemdControl":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            self.restore()
-        except KeyboardInterrupt:  # a second Ctrl-C / SIGTERM while restoring: finish it
-            self.restore()
-            raise
