@@ -141,4 +141,8 @@ def test_the_dry_run_shows_the_measurement_time_per_trial(tmp_path):
     config = write_config(tmp_path, bench="concurrency = [1, 8]\nlevel_seconds = 30")
     result = run_cli("--trials", "3", "--dry-run", "--config", str(config), timeout=120)
     assert result.returncode == 0, result.stderr
-    assert "measurement 60 s per trial (default, concurrent levels capped at 60 s by [bench] level_seconds)" in result.stdout + result.stderr
+    # Before any history the emulator's own default measurement time (the config runs the
+    # emulator), and the cap two levels of 30 s put on the concurrent phase.
+    from tuner.results.estimate import EMULATOR_MEASURE_S
+    assert (f"measurement {EMULATOR_MEASURE_S:.0f} s per trial (the emulator's default, concurrent levels capped at 60 s by "
+            "[bench] level_seconds)") in result.stdout + result.stderr
