@@ -7,6 +7,7 @@ SIGKILL), and print the server's log when a test fails, as GuideLLM's e2e harnes
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -23,8 +24,39 @@ REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 
 
-def free_port() -> int:
+# Ports the kernel never hands out as a client connection's local port, so a busy suite's
+# thousands of short connections (and their TIME_WAIT) cannot sit on a server's port.  SGLang
+# under DP attention also binds --port + 233 .. + 239 (PortArgs.init_new); those stay below the
+# ephemeral range too.  A CI run failed on exactly that: detokenizer_port held for 30 s.
+_EPHEMERAL_LOW = 32768
+_DERIVED = range(233, 240)
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return _EPHEMERAL_LOW
+
+
+def free_port() -> int:
+    """A free port below the ephemeral range whose DP-attention ports are free as well."""
+    rng = random.SystemRandom()  # xdist workers must not draw the same sequence
+    high = _ephemeral_low() - max(_DERIVED) - 1
+    for _ in range(200):
+        port = rng.randrange(12000, high)
+        if _bindable(port) and all(_bindable(port + d) for d in _DERIVED):
+            return port
+    with socket.socket() as s:  # a machine with the low range taken: the kernel's choice
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
