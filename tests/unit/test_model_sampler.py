@@ -292,3 +292,42 @@ def test_two_workers_starting_together_launch_two_shapes():
     _, second = _run_one(other, tell=False)
     assert (first.speculative_num_steps, first.speculative_eagle_topk) == (4, 1)
     assert (second.speculative_num_steps, second.speculative_eagle_topk) == (3, 1)
+
+
+def test_shapes_a_shallower_tree_or_the_chain_beats_by_construction_are_not_candidates():
+    # EAGLE verifies the draft - 1 most probable nodes, none deeper than draft - 1: (3, 2, 3)
+    # verifies what (2, 2, 3) does with one more draft forward; a two-token tree verifies the
+    # chain (1, 1, 2)'s one node.  qwen-demo's studies launched (1, 4, 2), (2, 2, 2) and (2, 4, 2).
+    sampler = _sampler()
+    sampler.bind_space(SPACE, Params())
+    shapes, _ = sampler._candidates({})
+    assert (1, 1, 2) in shapes and (2, 2, 3) in shapes and (4, 2, 8) in shapes
+    for s, k, d in shapes:
+        assert k == 1 or (d > 2 and s <= d - 1), (s, k, d)
+    # the rule needs the shape that beats it in the space: a space of trees only keeps them
+    trees = SpaceConfig.model_validate({**SPACE.model_dump(exclude_none=True), "speculative_eagle_topk": {"choices": [2]}})
+    sampler.bind_space(trees, Params())
+    assert (1, 2, 2) in sampler._candidates({})[0]
+
+
+def _launch(steps, draft, mfs, tokens, running, topk=1):
+    usage = {"weight": 60.0, "kvcache": 95.0 * mfs - 60.0, "token_capacity": tokens, "startup_available": 3.0,
+             "graph": {"all": 0.5 + 0.01 * draft}}
+    attrs = {record.MEMORY_USAGE: usage, record.MAX_RUNNING_REQUESTS: running, record.DECLARED_MAX_RUNNING: 48,
+             record.ARCHITECTURE: "Qwen3_5MoeForCausalLM"}
+    return M.Launch(M.Shape(steps, topk, draft), mfs, "ok", {}, attrs)
+
+
+def test_a_started_draft_count_predicts_its_own_pool_at_its_fraction():
+    # The hybrid form's constants are fitted over every launch; where it misses a launch's
+    # reported pool by a request (qwen-demo: 595k tokens and 34 running where (1, 1, 2) at 0.93
+    # reported 620k and 35), that draft count's other fractions carry the launch's own ratio.
+    ls = [_launch(3, 4, 0.80, 224_284, 13), _launch(3, 4, 0.90, 374_970, 21), _launch(5, 6, 0.91, 289_429, 16),
+          _launch(1, 2, 0.93, 619_700, 35), _launch(2, 3, 0.93, 499_442, 28)]
+    mem = M._fit_memory(ls)
+    for x in ls[2:]:  # one launch per draft count: its own figures exactly
+        tokens, running = mem.pool([x.mfs], [x.shape.draft])
+        assert tokens[0] == pytest.approx(x.memory["token_capacity"], rel=1e-4)
+        assert running[0] == x.attrs[record.MAX_RUNNING_REQUESTS]
+    # one step up, the pool grows from the launch's own figure, not from the form's lower one
+    assert mem.pool([0.94], [2])[1][0] >= 35

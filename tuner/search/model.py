@@ -416,6 +416,9 @@ class Memory:
     drafts: tuple = ()  # draft tokens of the launches the KV line was fitted on
     flatten: bool = True  # False once a KV failure beyond them showed the line does not flatten
     hybrid: "HybridPool | None" = None  # a hybrid's pools in SGLang's form, once the state pool capped a launch
+    # (draft counts, log measured/predicted KV tokens, the same for running requests): the
+    # form's residual at the launches, per draft count (pool_anchor).
+    pool_anchor: tuple | None = None
 
     @property
     def beta(self) -> float:
@@ -430,12 +433,20 @@ class Memory:
         return np.minimum(self.running_cap, np.floor(np.asarray(tokens) * self.running_per_token))
 
     def pool(self, mfs, draft) -> tuple[np.ndarray, np.ndarray]:
-        """(KV tokens, running requests) per candidate."""
+        """(KV tokens, running requests) per candidate, corrected by what the launches of the
+        same draft count reported (`pool_anchor`)."""
         if self.hybrid is not None:
             tokens, running, _ = self.hybrid.solve(self.pre * np.asarray(mfs, dtype=float) - self.fixed, draft)
+        else:
+            tokens = self.kv_tokens(mfs, draft)
+            running = self.running(tokens)
+        if self.pool_anchor is None:
             return tokens, running
-        tokens = self.kv_tokens(mfs, draft)
-        return tokens, self.running(tokens)
+        drafts, r_tokens, r_running = self.pool_anchor
+        d = np.asarray(draft, dtype=float) * np.ones_like(np.asarray(tokens, dtype=float))
+        tokens = np.floor(tokens * np.exp(np.interp(d, drafts, r_tokens)))
+        running = np.minimum(self.running_cap, np.floor(running * np.exp(np.interp(d, drafts, r_running)) + 1e-6))
+        return tokens, running
 
     def graphs(self, steps, topk, draft, bs) -> np.ndarray:
         return _graph_features(steps, topk, draft, bs) @ self.graph_coef
@@ -680,8 +691,31 @@ def _fit_memory(ls: list[Launch]) -> Memory | None:
     _fit_kv(mem, ok, [x for x in ls if x.state == "memory_kv"], _is_hybrid(ok))
     if _is_hybrid(ok):
         mem.hybrid = _fit_hybrid_pool(mem, ok, [x for x in ls if x.state == "memory_kv"])
+    mem.pool_anchor = pool_anchor(mem, ok)
     _weigh_graph_failures(mem, [x for x in ls if x.state in _MEM_FAILURES])
     return mem
+
+
+def pool_anchor(mem: Memory, ok: list[Launch]) -> tuple | None:
+    """Per started draft count, the mean log ratio of the KV tokens and running requests the
+    server reported to what the fitted form says at the same fraction; interpolated in draft
+    count between them (the nearest one's beyond).  The form is SGLang's, but its constants are
+    fitted over every launch, and one request of capacity is a step of the front: a shape's
+    other fractions are predicted from its own pool, as its throughputs are from its own
+    measurement (Model.anchors).  Example, qwen-demo: the hybrid form said 595k tokens and 34
+    running where (1, 1, 2) at 0.93 reported 620k and 35, so 0.94 looked like no gain."""
+    rows: dict[int, list[tuple[float, float]]] = {}
+    for x in ok:
+        tokens, running = float(x.memory["token_capacity"]), float(x.attrs.get(record.MAX_RUNNING_REQUESTS) or 0)
+        t_pred, r_pred = (float(v[0]) for v in mem.pool([x.mfs], [x.shape.draft]))
+        if tokens > 0 and t_pred > 0:
+            r = math.log(running / r_pred) if running > 0 and r_pred > 0 else 0.0
+            rows.setdefault(x.shape.draft, []).append((math.log(tokens / t_pred), r))
+    if not rows:
+        return None
+    drafts = sorted(rows)
+    return (np.array(drafts, dtype=float), np.array([np.mean([a for a, _ in rows[d]]) for d in drafts]),
+            np.array([np.mean([b for _, b in rows[d]]) for d in drafts]))
 
 
 def _graph_bs(x: Launch, running: float) -> float:

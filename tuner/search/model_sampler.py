@@ -174,6 +174,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
             mfs = sorted({round(p.mem_fraction_static, 6) for p in configs if p.mem_fraction_static is not None})
             self._grid_cache = cached = (self._space, shapes, mfs)
         _, shapes, mfs = cached
+        shapes = _undominated(shapes)
         keep = [s for s in shapes if all(fixed.get(name) in (None, s[i]) for name, i in list(_NAMES.items())[:3]
                                          if not (name == "speculative_num_draft_tokens" and s[1] == 1))]
         if fixed.get("mem_fraction_static") is not None:
@@ -250,6 +251,25 @@ class ModelSampler(optuna.samplers.BaseSampler):
         note = (f"model: {why} (P(start) {pred.p_start[best]:.2f}); "
                 f"fitted on {len(M.launches(trials, None))} launches, throughput fit error {model.fit_error:.1%}")
         return Decision(params, note=note, prediction=pred.interval(best))
+
+
+def _undominated(shapes: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """The shapes no other shape of the list beats by construction.  EAGLE verifies the
+    draft - 1 most probable nodes of its tree, and a node is never more probable than its
+    parent, so no verified node lies deeper than draft - 1: steps beyond that only add draft
+    forwards (and graph memory), and (steps, topk, draft) with steps > draft - 1 verifies the same
+    nodes as (draft - 1, topk, draft), more slowly.  A tree of two draft tokens verifies the one
+    most probable child, the chain's (1, 1, 2), with wider drafts.  Launching such a shape to
+    learn its throughput (an unseen topk looks uncertain to the model) spends a trial on a
+    configuration that cannot reach the front: qwen-demo's studies launched (1, 4, 2), (2, 2, 2)
+    and (2, 4, 2) beside (1, 1, 2).  Kept when the shape that beats it is not in the list."""
+    have = set(shapes)
+    out = []
+    for s, k, d in shapes:
+        better = (1, 1, 2) if k > 1 and d == 2 else (d - 1, k, d) if k > 1 and s > d - 1 else None
+        if better is None or better == (s, k, d) or better not in have:
+            out.append((s, k, d))
+    return out
 
 
 # Raising a measured shape's fraction also tells every other shape how much memory the capture
