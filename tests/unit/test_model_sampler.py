@@ -331,3 +331,21 @@ def test_a_started_draft_count_predicts_its_own_pool_at_its_fraction():
         assert running[0] == x.attrs[record.MAX_RUNNING_REQUESTS]
     # one step up, the pool grows from the launch's own figure, not from the form's lower one
     assert mem.pool([0.94], [2])[1][0] >= 35
+
+
+def test_a_climb_counts_the_whole_fronts_lift_only_while_the_reserve_is_uncertain(monkeypatch):
+    # A climb's lift of every measured capacity stands for what it tells the other shapes about
+    # the reserve; once the reserve is known a climb is worth its own gain (qwen-demo spent
+    # launches on one-step climbs whose capacity did not follow).
+    from tuner.search import model_sampler as MS
+
+    calls = []
+    real = MS._climb_gain
+    monkeypatch.setattr(MS, "_climb_gain", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for known in (False, True):
+        monkeypatch.setattr(MS, "_reserve_uncertain", lambda model, known=known: not known)
+        calls.clear()
+        study = _study(_sampler())
+        for _ in range(5):
+            _run_one(study)
+        assert (len(calls) == 0) == known, (known, len(calls))
