@@ -9,7 +9,8 @@ same proposals from the same history; RUNNING trials of other workers are pendin
 configurations are not proposed again and their predicted values join the front (a constant
 liar), so two workers do not chase the same gain.
 
-Candidates: every shape of the [space] grid x every mem fraction of the range.  Score: P(start)
+Candidates: every shape of the [space] grid (less those a shallower tree or the chain beats by
+construction, `_undominated`) x every mem fraction of the range.  Score: P(start)
 x the mean over `draws` samples of the predictive distribution of the hypervolume the point
 adds to the measured front (objectives normalised, origin reference: the benchmark's score).
 A candidate that P(start) puts below `min_p_start` is never launched; nor is one an earlier
@@ -21,7 +22,8 @@ No model yet (nothing completed): the warm start's shape, or else the deepest ch
 acceptance by depth gives every shallower chain's), at a safe fraction: the command's own, or
 55% up the range, and lower after each graph OOM.  A shape's first start goes where P(start)
 >= 0.9; while the unreported reserve is uncertain, a reserve probe (`_reserve_probe`) raises a
-measured shape.  Where the model cannot be fitted (no memory_usage from the server, SLO
+measured shape, and a climb is worth what the whole front would gain (`_climb_gain`); once it is
+known, a climb is worth its own gain.  Where the model cannot be fitted (no memory_usage from the server, SLO
 constraints, objectives it does not predict), it falls back to the default sampler and says so
 in the trial's `model_note`; a poor throughput fit only widens the intervals (issue #23).
 """
