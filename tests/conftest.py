@@ -205,6 +205,17 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict
                           timeout=timeout, cwd=cwd or REPO, env=full_env)
 
 
+def wait_until(predicate, *, timeout: float = 30, what: str = "the condition"):
+    """Poll `predicate` until it returns something truthy (returned); never sleep-then-assume."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"{what} not reached within {timeout} s")
+
+
 def wait_serving(port: int, timeout: float = 60) -> None:
     """Until a server on this port answers /health_generate with 200."""
     deadline = time.monotonic() + timeout
