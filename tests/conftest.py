@@ -205,6 +205,17 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict
                           timeout=timeout, cwd=cwd or REPO, env=full_env)
 
 
+def wait_until(predicate, *, timeout: float = 30, what: str = "the condition"):
+    """Poll `predicate` until it returns something truthy (returned); never sleep-then-assume."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"{what} not reached within {timeout} s")
+
+
 def wait_serving(port: int, timeout: float = 60) -> None:
     """Until a server on this port answers /health_generate with 200."""
     deadline = time.monotonic() + timeout
@@ -258,6 +269,31 @@ def _group_alive(group: int) -> bool:
             if int(fields[2]) == group and fields[0] != "Z":
                 return True
     return False
+
+
+# A suite started in the background by a script (`make test &`, `nohup ... &`: POSIX has a
+# non-interactive shell start asynchronous commands with SIGINT ignored) would pass that on to
+# every process it starts, and the tests that send SIGINT would see it ignored: a fresh-clone
+# run started that way lost both "a Ctrl-C is raised" tests.  Ctrl-C raises, as in a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@pytest.fixture(autouse=True)
+def signals_as_found():
+    """Every test leaves this process's SIGINT/SIGTERM handlers and the tuner's interrupt state as
+    it found them: a command's `main` run in-process installs the tuner's handler, and a test that
+    interrupted it leaves it "stopping", where a later Ctrl-C is only a line."""
+    from tuner import interrupts
+
+    handlers = {s: signal.getsignal(s) for s in _SIGNALS}
+    state = dict(interrupts._state)
+    yield
+    for s, h in handlers.items():
+        signal.signal(s, h if h is not None else signal.SIG_DFL)
+    interrupts._state.update(state)
 
 
 @pytest.fixture(scope="session", autouse=True)

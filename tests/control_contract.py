@@ -76,6 +76,23 @@ class ControlContract:
             assert not control.poll()[0].running
             control.stop()
 
+    def test_a_stop_right_after_the_start_takes_the_server(self, tmp_path):
+        """A signal at "launching" stops the server the moment its start returns: before its
+        command has run.  Every process of the group must carry the state marker from its fork
+        on (the stop signals only a group that does), or that stop takes the group for someone
+        else's and the server is left running."""
+        control = self.make_control(tmp_path)
+        marker = f"sleep 62.{time.time_ns() % 10**9}"
+        with control:
+            for _ in range(5):
+                control.start(self.spec(f"exec {marker}"))
+                group = control.shell.run(f"cat {shlex.quote(control.dir)}/server.pid").stdout.strip()
+                listed = control.shell.run(
+                    f"for p in $(pgrep -g {group}); do tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | grep -c '^SGLANG_TUNER_STATE=' || true; done")
+                assert listed.stdout.split() and "0" not in listed.stdout.split(), listed.stdout
+                control.stop()
+            wait_for(lambda: not self.process_alive(control, marker), timeout=15)
+
     def test_stop_escalates_to_sigkill(self, tmp_path):
         control = self.make_control(tmp_path)
         control.stop_timeout_s = 0.5

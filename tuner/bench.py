@@ -9,7 +9,6 @@ restored afterwards.  Prints every figure with its spread, and warnings that nam
 from __future__ import annotations
 
 import argparse
-import math
 import shlex
 import sys
 
@@ -19,30 +18,13 @@ from tuner import output
 from tuner.cli import consoles, exit_with, guarded, in_config, parser
 from tuner.config import DEFAULT_CONFIG, load_config
 from tuner.errors import ConfigError, LaunchError, TunerError
+from tuner.measure.caveats import caveats
 from tuner.measure.objectives import check_classes, load_objectives
 from tuner.measure.runner import Measurement
 from tuner.measure.workload import bench_workload
 from tuner.sequence import connected, launch_and_measure, measure_running, refuse_if_answering
 
-__all__ = ["main", "warnings_for", "build_parser", "blame_flags"]
-
-
-def warnings_for(m: Measurement, bench) -> list[str]:
-    out = []
-    if m.single_spread > bench.single_target_ci and math.isfinite(m.single_spread):
-        out.append(
-            f"single_tps spread ±{m.single_spread * 100:.1f}% after {len(m.single_runs)} passes is above "
-            f"single_target_ci ({bench.single_target_ci * 100:.0f}%): raise [bench] single_max_passes, or measure on a quieter machine"
-        )
-    for level in bench.concurrency_levels:
-        if bench.level_requests(level) < 3 * level:
-            out.append(
-                f"concurrency {level} with {bench.level_requests(level)} requests barely reaches a steady state: "
-                f"raise [bench] concurrent_requests to at least {3 * level}"
-            )
-    if m.ignore_eos:
-        out.append("ignore_eos is on: these speeds are inflated (see greedy_inflation); set [bench] ignore_eos = false for real traffic")
-    return out
+__all__ = ["main", "build_parser", "blame_flags"]
 
 
 def _measure(args, err) -> tuple:
@@ -95,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     def body() -> int:
         config, objectives, m = _measure(args, err)
         output.show(output.measurement_view(m, objectives), output.format_of(args), out)
-        for warning in warnings_for(m, config.bench):
+        for warning in caveats(m, config.bench):
             err.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False, soft_wrap=True)
         return 0
 

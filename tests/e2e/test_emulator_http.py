@@ -10,6 +10,8 @@ import httpx
 import openai
 import pytest
 
+from ..conftest import wait_until
+
 pytestmark = pytest.mark.e2e
 
 FAST = {"SGLANG_EMULATOR_TIME_SCALE": "0.2"}
@@ -113,7 +115,7 @@ def test_flush_cache_refused_while_requests_run_and_resets_accept_length(start_e
     body = {"model": "x", "messages": [{"role": "user", "content": "count"}], "max_tokens": 3000, "ignore_eos": True}
     worker = threading.Thread(target=lambda: httpx.post(emu.url + "/v1/chat/completions", json=body, timeout=60))
     worker.start()
-    time.sleep(0.3)
+    wait_until(lambda: httpx.get(emu.url + "/v1/loads").json()["loads"][0]["num_running_reqs"] == 1, what="the request running")
     busy = httpx.post(emu.url + "/flush_cache")
     worker.join()
     assert busy.status_code == 400
@@ -154,8 +156,8 @@ def test_requests_beyond_max_running_requests_queue(start_emulator):
     threads = [threading.Thread(target=lambda: httpx.post(emu.url + "/generate", json=body, timeout=60)) for _ in range(5)]
     for t in threads:
         t.start()
-    time.sleep(0.3)
-    load = httpx.get(emu.url + "/v1/loads").json()["loads"][0]
+    load = wait_until(lambda: (lambda l: l if l["num_running_reqs"] + l["num_waiting_reqs"] == 5 else None)(
+        httpx.get(emu.url + "/v1/loads").json()["loads"][0]), what="all five requests in")
     httpx.post(emu.url + "/flush_cache")
     for t in threads:
         t.join()

@@ -14,6 +14,8 @@ import httpx
 import openai
 import pytest
 
+from ..conftest import wait_until
+
 pytestmark = pytest.mark.e2e
 
 FAST = {"SGLANG_EMULATOR_TIME_SCALE": "0.1"}
@@ -114,8 +116,8 @@ def test_dp_ranks_report_their_own_capacity(start_emulator, dp_attention):
     workers = [threading.Thread(target=lambda: httpx.post(emu.url + "/generate", json=body, timeout=60)) for _ in range(4)]
     for w in workers:
         w.start()
-    time.sleep(0.3)
-    running = [entry["num_running_reqs"] for entry in httpx.get(emu.url + "/v1/loads").json()["loads"]]
+    running = wait_until(lambda: (lambda r: r if sum(r) == 4 else None)(
+        [entry["num_running_reqs"] for entry in httpx.get(emu.url + "/v1/loads").json()["loads"]]), what="four requests running")
     for w in workers:
         w.join()
     assert running == [2, 2]

@@ -71,6 +71,8 @@ def test_on_sglang_0_5_9_accept_length_comes_from_generate(start_emulator):
     assert m.accept_length_source == "generate" and 1.5 < m.accept_length < 4.0
     # 0.5.9 names the per-request histogram spec_accept_histogram (from /generate's meta_info).
     assert m.accept_histogram is not None and len(m.accept_histogram) <= 4 and sum(m.accept_histogram) > 10
+    # Every class of the mix gets its own accept length from the same fallback, not None.
+    assert len(m.by_class) >= 2 and all(1.0 < f.accept_length < 4.0 for f in m.by_class.values()), m.by_class
 
 
 @pytest.mark.parametrize("dp_attention", ["", " --enable-dp-attention"], ids=["dp", "dp-attention"])

@@ -31,7 +31,7 @@ from ..conftest import PYTHON, REPO, run_cli, write_config
 pytestmark = pytest.mark.e2e
 
 NOTEBOOK = REPO / "notebooks" / "analysis.ipynb"
-PLOTS = ("front", "acceptance", "capacity", "hypervolume", "failures")
+PLOTS = ("front", "acceptance", "capacity", "hypervolume", "failures", "classes")  # classes: the built-in prompts have five
 BENCH = textwrap.dedent("""
     max_tokens = 48
     single_requests = 2

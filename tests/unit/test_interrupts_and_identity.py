@@ -18,20 +18,50 @@ from tuner.server.readiness import check_server_args
 from tuner.sglang_args import CommandLine
 
 
-def _signal_soon(sig: int = signal.SIGINT, after_s: float = 0.3) -> None:
-    threading.Timer(after_s, lambda: os.kill(os.getpid(), sig)).start()
+def _signal_once(path, sig: int = signal.SIGINT, timeout_s: float = 60.0) -> None:
+    """Signal this process as soon as `path` exists: the command is running, however loaded the
+    machine (a fixed 0.3 s timer once fired after the command had ended)."""
+    def wait_then_signal() -> None:
+        deadline = time.monotonic() + timeout_s
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(os.getpid(), sig)
+
+    threading.Thread(target=wait_then_signal, daemon=True).start()
 
 
-def test_a_ctrl_c_during_a_local_shell_command_is_raised_once_it_ends():
+def test_a_ctrl_c_during_a_local_shell_command_is_raised_once_it_ends(tmp_path):
     """Invoke forwards the interrupt to the command and returned as if nothing happened: the run
     that got a Ctrl-C during one of a launch's many short polls went on with its study."""
     shell = connect(TargetConfig())
-    _signal_soon()
+    running = tmp_path / "running"
+    _signal_once(running)
     started = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
-        shell.run("sleep 1")
-    assert time.monotonic() - started < 5
+        shell.run(f"touch {running}; sleep 2; echo done > {tmp_path / 'ended'}")
+    assert (tmp_path / "ended").exists()  # let finish (a pid file is never left half-written) ...
+    assert time.monotonic() - started < 30  # ... and raised when it ended, not at the run's end
     assert shell.run("echo still usable").stdout.strip() == "still usable"
+
+
+def test_a_signal_during_a_deferred_step_is_raised_when_the_step_ends(tmp_path):
+    """A server's start and the record of its pid happen together or not at all."""
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    steps = []
+    try:
+        interrupts.install()
+        with pytest.raises(KeyboardInterrupt):
+            with interrupts.deferred():
+                os.kill(os.getpid(), signal.SIGTERM)
+                deadline = time.monotonic() + 30
+                while not interrupts.stopping() and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                steps.append("the step went on after the signal")
+            steps.append("never: raised at the block's end")
+        assert steps == ["the step went on after the signal"]
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 def test_after_the_first_signal_later_ones_wait_for_the_bookkeeping(capsys):

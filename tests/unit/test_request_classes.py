@@ -163,3 +163,26 @@ def test_emulator_attention_grows_with_the_kv_held_and_the_verify_path_costs_mor
     draft = m.draft_attention_ms(llama, context_tokens=64000, topk=2)
     assert draft == pytest.approx(2 * m.draft_attention_ms(llama, context_tokens=64000, topk=1))
     assert long - short > 4 * draft  # the draft's own attention, per step and branch, is in the step
+
+
+def _trial_with_classes(figures: dict[str, float]):
+    import optuna
+    from optuna.trial import TrialState
+
+    by_class = {c: {"requests": 4, "single_tps": v, "single_tps_ci95": [v * 0.98, v * 1.02], "accept_length": 2.0, "share": 0.5}
+                for c, v in figures.items()}
+    return optuna.trial.create_trial(state=TrialState.COMPLETE, values=[max(figures.values())], user_attrs={"by_class": by_class},
+                                     params={}, distributions={})
+
+
+def test_the_report_plots_each_class_and_the_speed_up_over_no_speculation_per_class():
+    from tuner.results.report.plots import class_plot
+
+    fast_on_chat = _trial_with_classes({"chat": 240.0, "long_context": 90.0})
+    base = _trial_with_classes({"chat": 120.0, "long_context": 110.0})
+    plot = class_plot([fast_on_chat], {"no_speculation": base})
+    assert plot is not None and plot.name == "classes" and plot.png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "below the red line" in plot.caption  # the speed-up panel, drawn because no speculation was measured
+    alone = class_plot([fast_on_chat], {})
+    assert alone is not None and "below the red line" not in alone.caption  # no baseline: the rates only
+    assert class_plot([_trial_with_classes({"user": 200.0})], {}) is None  # one class: the front plot shows it

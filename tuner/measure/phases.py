@@ -18,7 +18,7 @@ from tuner.measure.wire import StreamClient, sum_histograms
 from tuner.measure.workload import Prompt, Workload
 from tuner.server.client import ServerInfo
 
-__all__ = ["max_tokens_of", "closed_loop", "Single", "Concurrent", "warm_up", "single_phase", "concurrent_phases", "acceptance", "depth_histogram"]
+__all__ = ["max_tokens_of", "closed_loop", "Single", "Concurrent", "warm_up", "single_phase", "concurrent_phases", "acceptance", "Acceptance", "depth_histogram"]
 
 
 def max_tokens_of(prompt: Prompt, bench: BenchConfig) -> int:
@@ -149,36 +149,61 @@ async def concurrent_phases(runner: StreamClient, bench: BenchConfig, workload: 
     return out
 
 
+@dataclass(frozen=True)
+class Acceptance:
+    """What the measured requests say about speculation: the accept length and where it came
+    from, the verify steps by drafts accepted, and, where the chat stream gave no per-request
+    counts, each class's accept length from the /generate fallback."""
+
+    length: float | None
+    source: str
+    histogram: tuple[int, ...] | None
+    by_class: dict[str, float] = field(default_factory=dict)
+
+
+def _per_class(prompts: list[Prompt], got: list[tuple[int, int | None, tuple[int, ...] | None]]) -> dict[str, float]:
+    tokens: dict[str, int] = {}
+    steps: dict[str, int] = {}
+    for prompt, (n, ct, _) in zip(prompts, got):
+        if ct:
+            tokens[prompt.request_class] = tokens.get(prompt.request_class, 0) + n
+            steps[prompt.request_class] = steps.get(prompt.request_class, 0) + ct
+    return {c: tokens[c] / steps[c] for c in steps}
+
+
 async def acceptance(runner: StreamClient, info: ServerInfo, bench: BenchConfig, workload: Workload,
-                      results: list[RequestResult]) -> tuple[tuple[float | None, str], tuple[int, ...] | None]:
+                      results: list[RequestResult]) -> Acceptance:
     """Accept length (tokens per verify step over the measured requests) and where it came
     from, and the verify steps by drafts accepted (tuner/search/model.py reads acceptance by
     depth from it), each from the best source the server has:
     1. the chat stream's sglext.spec_tokens_details (0.5.23): spec_verify_ct and
        spec_correct_drafts_histogram of every measured request;
     2. native /generate's meta_info over the single-stream prompts (0.5.9: spec_verify_ct and
-       spec_accept_histogram);
+       spec_accept_histogram), per request class as well, since the single-stream prompts
+       hold every class of the mix;
     3. for the histogram only, the depth probe (`depth_histogram`): verify steps read off a
        stream, for a server that reports no histogram."""
     if not info.speculative:
-        return (1.0, "no speculation"), None  # one token per forward: exact, not a default
+        return Acceptance(1.0, "no speculation", None)  # one token per forward: exact, not a default
     counted = [r for r in results if r.spec_verify_ct]
-    accept: tuple[float | None, str] = (None, "unknown")
+    length, source, by_class = None, "unknown", {}
     if counted and len(counted) == len(results):
-        accept = (sum(r.completion_tokens for r in counted) / sum(r.spec_verify_ct for r in counted), "sglext")
+        length, source = sum(r.completion_tokens for r in counted) / sum(r.spec_verify_ct for r in counted), "sglext"
     histogram = sum_histograms(r.accept_histogram for r in results) if all(r.accept_histogram for r in results) else None
-    if accept[0] is None or histogram is None:
+    if length is None or histogram is None:
         # A server without per-request details on the chat route (0.5.9): the same prompts
         # through native /generate, whose meta_info carries spec_verify_ct.
-        got = [await runner.generate(p, max_tokens_of(p, bench)) for p in workload.for_phase("single", bench.single_requests)]
+        prompts = workload.for_phase("single", bench.single_requests)
+        got = [await runner.generate(p, max_tokens_of(p, bench)) for p in prompts]
         pairs = [(tokens, ct) for tokens, ct, _ in got if ct]
-        if accept[0] is None and pairs:
-            accept = (sum(t for t, _ in pairs) / sum(ct for _, ct in pairs), "generate")
+        if length is None and pairs:
+            length, source = sum(t for t, _ in pairs) / sum(ct for _, ct in pairs), "generate"
+            by_class = _per_class(prompts, got)
         if histogram is None and got and all(h for _, _, h in got):
             histogram = sum_histograms(h for _, _, h in got)
     if histogram is None:
         histogram = await depth_histogram(runner, info, bench, workload)
-    return accept, histogram
+    return Acceptance(length, source, histogram, by_class)
 
 
 async def depth_histogram(runner: StreamClient, info: ServerInfo, bench: BenchConfig, workload: Workload) -> tuple[int, ...] | None:

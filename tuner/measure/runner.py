@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
+from dataclasses import replace
 
 from tuner.config import BenchConfig, SloConfig
 from tuner.measure import load_sweep, phases
@@ -84,7 +85,7 @@ async def _measure(
         await asyncio.to_thread(client.flush_cache)
         single = await phases.single_phase(runner, bench, workload, progress)
         conc = await phases.concurrent_phases(runner, bench, workload, progress)
-        accept, histogram = await phases.acceptance(runner, info, bench, workload, single.results + conc.results)
+        accept = await phases.acceptance(runner, info, bench, workload, single.results + conc.results)
         server_accept = await asyncio.to_thread(client.accept_length)
         curve = None
         if slo is not None:
@@ -92,18 +93,22 @@ async def _measure(
                                            levels=conc.level_results, progress=progress, seed=bench.seed)
     finally:
         await runner.close()
-    by_class = _by_class(workload, single, conc, info)
-    return _measurement(bench, info, single, conc, accept, server_accept, histogram, by_class, duration_s=time.monotonic() - began,
+    by_class = _by_class(workload, single, conc, info, accept)
+    return _measurement(bench, info, single, conc, accept, server_accept, by_class, duration_s=time.monotonic() - began,
                         load_curve=curve)
 
 
-def _by_class(workload: Workload, single: phases.Single, conc: phases.Concurrent, info: ServerInfo) -> dict[str, ClassFigures]:
+def _by_class(workload: Workload, single: phases.Single, conc: phases.Concurrent, info: ServerInfo,
+              accept: phases.Acceptance) -> dict[str, ClassFigures]:
     first = next(iter(conc.level_results.items()), None)
-    return class_figures(workload.mix, single.results, single.class_rates, conc.results, first, info.speculative)
+    figures = class_figures(workload.mix, single.results, single.class_rates, conc.results, first, info.speculative)
+    # A server whose chat stream carries no verify counts (0.5.9): the class's accept length
+    # from the /generate fallback over its single-stream prompts.
+    return {c: replace(f, accept_length=accept.by_class.get(c)) if f.accept_length is None else f for c, f in figures.items()}
 
 
-def _measurement(bench: BenchConfig, info: ServerInfo, single: phases.Single, conc: phases.Concurrent, accept: tuple[float | None, str],
-                 server_accept: float | None, histogram: tuple[int, ...] | None, by_class: dict[str, ClassFigures], *,
+def _measurement(bench: BenchConfig, info: ServerInfo, single: phases.Single, conc: phases.Concurrent, accept: phases.Acceptance,
+                 server_accept: float | None, by_class: dict[str, ClassFigures], *,
                  duration_s: float, load_curve: load_sweep.LoadCurve | None = None) -> Measurement:
     thinking = [r.reasoning_tokens for r in single.results + conc.results if r.reasoning_tokens is not None]
     ttfts = [r.ttft_s * 1000 for r in single.results]
@@ -120,9 +125,9 @@ def _measurement(bench: BenchConfig, info: ServerInfo, single: phases.Single, co
         request_tokens=auto_request_tokens(by_class) if bench.request_tokens == "auto" else bench.request_tokens,
         request_tokens_auto=bench.request_tokens == "auto",
         by_class=by_class,
-        accept_length=accept[0],
-        accept_length_source=accept[1],
-        accept_histogram=histogram,
+        accept_length=accept.length,
+        accept_length_source=accept.source,
+        accept_histogram=accept.histogram,
         server_accept_length=server_accept,
         ranks=info.ranks,
         thinking_tokens=sum(thinking) if thinking else None,

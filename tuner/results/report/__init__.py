@@ -15,7 +15,7 @@ from tuner.results.report.contents import Choice, Plot, Report, Table, baselines
 from tuner.results.report.adaptive_section import schedule_for
 from tuner.results.optuna_private import storage_of
 from tuner.results import baselines
-from tuner.results.report.plots import acceptance_plot, capacity_plot, failure_plot, front_plot, hypervolume_plot, slo_plot
+from tuner.results.report.plots import acceptance_plot, capacity_plot, class_plot, failure_plot, front_plot, hypervolume_plot, slo_plot
 
 __all__ = ["Report", "Table", "Choice", "Plot", "build", "write_html", "write_markdown"]
 
@@ -29,9 +29,9 @@ def build(study: optuna.Study, *, sampler: str | None = None, target: str | None
     finished = [t for t in trials if t.state.is_finished()]
     front = measured_front(study) if complete else []
     choices = choices_for(study, names) if front else []
+    arm_trials = baselines.load(storage_of(study), study.study_name)
     plots = [front_plot(complete, front, names), acceptance_plot(complete), capacity_plot(complete, names),
-             hypervolume_plot(finished), failure_plot(finished),
-             slo_plot(front, baselines.load(storage_of(study), study.study_name))]
+             hypervolume_plot(finished), failure_plot(finished), slo_plot(front, arm_trials), class_plot(front, arm_trials)]
     arms, over = baselines_for(study, names)
     by_class, class_losses = classes_for(study, front)
     return Report(

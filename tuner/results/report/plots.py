@@ -14,7 +14,6 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.results import record
 from tuner.results.hypervolume import study_history
 from tuner.results.report.contents import DRAFT, MEM, TOPK, DPI, OUTCOMES, Plot, STEPS, as_number, param_of
-from tuner.results import record
 
 
 # --- plots ----------------------------------------------------------------------------------
@@ -222,3 +221,59 @@ def slo_plot(front: list[FrozenTrial], arms: dict[str, FrozenTrial]) -> Plot | N
                 "and those the search over load added); the red line is the promise of [slo] and the star each configuration's "
                 "slo_capacity, the largest load at which every promise holds (judged on the curve smoothed to be monotone). "
                 "Dashed: the baselines.", _png(fig))
+
+
+def _class_series(shown: list[tuple[str, FrozenTrial]], classes: list[str]) -> list[tuple[str, list[float], list[float]]]:
+    """Per configuration: its single_tps per class and the half-width of each 95% interval."""
+    out = []
+    for label, t in shown:
+        figures = record.by_class_of(t)
+        tps = [as_number(figures.get(c, {}).get("single_tps")) or math.nan for c in classes]
+        ci = [figures.get(c, {}).get("single_tps_ci95") or [math.nan, math.nan] for c in classes]
+        out.append((label, tps, [abs(hi - lo) / 2 if math.isfinite(hi - lo) else 0.0 for lo, hi in ci]))
+    return out
+
+
+def class_plot(front: list[FrozenTrial], arms: dict[str, FrozenTrial]) -> Plot | None:
+    """Single-stream decode speed per request class for the front and the baselines, and each
+    front configuration's speed-up over no speculation per class: where speculation's gain
+    shrinks or inverts (long context, a category its draft head predicts badly) shows here,
+    not in the blended single_tps."""
+    shown = [(f"trial {t.number}", t) for t in sorted(front, key=lambda t: -(t.values[0] if t.values else 0))][:6]
+    shown += [(kind.replace("_", " "), t) for kind, t in arms.items() if t.state == TrialState.COMPLETE]
+    classes = sorted({c for _, t in shown for c in record.by_class_of(t)},
+                     key=lambda c: -max((record.by_class_of(t).get(c, {}).get("share") or 0) for _, t in shown))
+    if len(classes) < 2:
+        return None  # one class: the front plot's single_tps is that class
+    series = _class_series(shown, classes)
+    base = dict(zip(classes, next((tps for label, tps, _ in series if label == "no speculation"), [math.nan] * len(classes))))
+    panels = 2 if any(math.isfinite(v) for v in base.values()) else 1
+    fig = Figure(figsize=(6.5 * panels, 4.2), layout="constrained")
+    width = 0.8 / len(series)
+    ax = fig.add_subplot(1, panels, 1)
+    for n, (label, tps, half) in enumerate(series):
+        xs = [i + (n - (len(series) - 1) / 2) * width for i in range(len(classes))]
+        ax.bar(xs, tps, width, yerr=half, capsize=2, color=f"C{n % 10}", label=label,
+               hatch="//" if not label.startswith("trial") else None, edgecolor="black", linewidth=0.3)
+    ax.set_xticks(range(len(classes)), classes, rotation=20)
+    ax.set_ylabel("single_tps (tokens/s, one request alone)")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=7, loc="best")
+    if panels == 2:
+        ax2 = fig.add_subplot(1, 2, 2)
+        trials = [(label, tps) for label, tps, _ in series if label.startswith("trial")]
+        for n, (label, tps) in enumerate(trials):
+            xs = [i + (n - (len(trials) - 1) / 2) * (0.8 / max(1, len(trials))) for i in range(len(classes))]
+            ax2.bar(xs, [v / base[c] if base[c] else math.nan for v, c in zip(tps, classes)], 0.8 / max(1, len(trials)),
+                    color=f"C{n % 10}", label=label, edgecolor="black", linewidth=0.3)
+        ax2.axhline(1.0, color="#c62828", linewidth=1.2, label="no speculation")
+        ax2.set_xticks(range(len(classes)), classes, rotation=20)
+        ax2.set_ylabel("speed-up over no speculation (x)")
+        ax2.grid(alpha=0.3, axis="y")
+        ax2.legend(fontsize=7, loc="best")
+    caption = ("Each configuration's single-stream decode rate per request class (the prompts' category, split by "
+               "[bench] context_buckets), with its 95% interval; hatched bars are the baselines.")
+    if panels == 2:
+        caption += (" Right: each front configuration's speed-up over no speculation per class; a bar below the red line "
+                    "is a class this configuration serves more slowly than no speculation at all.")
+    return Plot("classes", "Decode speed per request class: the front and the baselines", caption, _png(fig))

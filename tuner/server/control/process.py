@@ -20,6 +20,7 @@ import shlex
 import time
 from urllib.parse import urlsplit
 
+from tuner.interrupts import deferred
 from tuner.errors import HostError
 from tuner.server.host import Shell
 from tuner.server.launch import LaunchSpec
@@ -104,10 +105,16 @@ class ProcessControl(RestoresOnExit):
             f"(nohup setsid sh -c {shlex.quote(wrapper)} > {self._q('server.log')} 2>&1 < /dev/null & "
             f"echo $! > {self._q('server.pid')})"
         )
-        result = self.shell.run(script)
+        # The launching shell itself carries the marker, so every process of the server's group
+        # has it from its fork on: a stop right after the start (a signal at "launching") found
+        # only processes that had not yet exec'd `env` and took the group for someone else's.
+        # Deferred: a signal during the start is raised once the pid file is written and known.
+        with deferred():
+            result = self.shell.run(f"env {shlex.quote(f'{MARKER}={self.dir}')} sh -c {shlex.quote(script)}")
+            if result.ok:
+                self._spec = spec
         if not result.ok:
             raise HostError(f"{self.shell.description}: cannot start the server: {result.stderr.strip()[:200]}")
-        self._spec = spec
         self._offset = 0
         self._buffer = LogBuffer()
         logger.info("started server: %s", spec.launch_command)
