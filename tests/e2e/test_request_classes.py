@@ -82,6 +82,7 @@ def test_a_two_class_study_records_each_class_and_picks_per_class(tmp_path):
             assert figures["requests"] >= 4 and figures["accept_length"] > 1
             assert figures["prompt_tokens_median"] == pytest.approx(tokens, rel=0.05, abs=40)  # + the chat template
             assert figures["single_tps"] == pytest.approx(truth(steps, int(figures["prompt_tokens_median"])), rel=0.15), (steps, name)
+            assert figures["concurrent_tps_by_level"] == {"4": figures["concurrent_tps"]}  # the study's one level
         # capacity from the measured footprint: the mix's mean prompt tokens (usage) + max_tokens
         expected = math.ceil(sum(0.5 * (f["prompt_tokens_median"] + MAX_TOKENS) for f in by_class.values()))
         assert t.user_attrs["request_tokens"] == pytest.approx(expected, abs=2)

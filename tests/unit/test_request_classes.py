@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 
 from sglang_emulator import model as m
 from sglang_emulator.profiles import PROFILES
 from tuner.config import parse_config
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, MeasureError
 from tuner.measure.by_class import auto_request_tokens, class_figures
 from tuner.measure.objectives import check_classes, load_objectives
 from tuner.measure.result import RequestResult
@@ -119,7 +120,7 @@ def _result(cls: str, prompt: int, tokens: int, verify: int, start: float) -> Re
 def test_class_figures_and_the_auto_footprint_come_from_the_measured_requests():
     single = [_result("chat", 50, 101, 40, 0.0), _result("long_context", 16000, 101, 80, 2.0)]
     figures = class_figures({"chat": 0.6, "long_context": 0.4}, single, {"chat": [100.0, 102.0], "long_context": [90.0, 91.0]},
-                            [], None, speculative=True)
+                            [], {}, speculative=True)
     assert figures["chat"].accept_length == pytest.approx(101 / 40) and figures["long_context"].accept_length == pytest.approx(101 / 80)
     assert figures["chat"].single_tps == pytest.approx(101.0) and figures["long_context"].prompt_tokens_median == 16000
     assert figures["long_context"].single_s == pytest.approx(1.1)
@@ -135,6 +136,36 @@ def test_per_class_objectives_are_accepted_and_checked_against_the_workload():
         check_classes(objectives, ["chat"])
     with pytest.raises(ConfigError, match="':<class>' goes with"):
         load_objectives(["capacity:chat"], [16])
+
+
+def _level(level: int, classes: list[str], seconds: float = 6.0) -> list[RequestResult]:
+    """`level` streams in flight for `seconds`, each request a second long, classes in turn."""
+    out, n = [], 0
+    for slot in range(level):
+        t = 0.0
+        while t < seconds:
+            out.append(RequestResult(prompt_tokens=100, completion_tokens=101, start=t, first_token=t + 0.01, end=t + 1.0,
+                                     request_class=classes[n % len(classes)], max_tokens=101))
+            n, t = n + 1, t + 1.0
+    return out
+
+
+def test_each_class_has_its_figure_at_every_concurrency_level_and_an_objective_names_one():
+    levels = {2: _level(2, ["chat", "code"]), 8: _level(8, ["chat"])}
+    figures = class_figures({"chat": 0.5, "code": 0.5}, [], {}, [r for rs in levels.values() for r in rs], levels, speculative=False)
+    assert set(figures["chat"].concurrent_tps_by_level) == {2, 8} and figures["chat"].concurrent_tps == figures["chat"].concurrent_tps_by_level[2]
+    assert figures["chat"].concurrent_tps_by_level[8] > 2 * figures["chat"].concurrent_tps_by_level[2]  # more streams of it
+    assert set(figures["code"].concurrent_tps_by_level) == {2}  # none of it was sent at 8: no figure, not a zero
+    (objective,) = load_objectives(["concurrent_tps@8:chat"], [2, 8])
+    assert (objective.level, objective.request_class) == (8, "chat")
+    measured = SimpleNamespace(by_class=figures)
+    assert objective(measured) == pytest.approx(figures["chat"].concurrent_tps_by_level[8])
+    with pytest.raises(MeasureError, match="no concurrent figure for request class 'code' at concurrency 8"):
+        load_objectives(["concurrent_tps@8:code"], [2, 8])[0](measured)
+    with pytest.raises(ConfigError, match="names a level that"):
+        load_objectives(["concurrent_tps@4:chat"], [2, 8])
+    with pytest.raises(ConfigError, match="only concurrent_tps takes"):
+        load_objectives(["single_tps@2:chat"], [2, 8])
 
 
 def test_emulator_acceptance_falls_with_context_and_differs_by_category():

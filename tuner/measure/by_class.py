@@ -4,8 +4,8 @@ this workload (`[bench] request_tokens = "auto"`), from the requests a measureme
 A class's `single_tps` is the mean over passes of its single-stream requests' decode rates
 (its own 95% interval beside it); its `accept_length` its completion tokens over its verify
 steps (`sglext.spec_tokens_details.spec_verify_ct`, per request: docs/sglang-real-server.md);
-its `concurrent_tps` its share of the first level's steady-window rate, which is what can be
-separated in a phase where the classes share every batch."""
+its `concurrent_tps_by_level` its share of each level's steady-window rate, which is what can be
+separated in a phase where the classes share every batch (`concurrent_tps`: the first level's)."""
 
 from __future__ import annotations
 
@@ -31,29 +31,37 @@ def _mean_request_tokens(results: list[RequestResult]) -> float:
     return statistics.fmean(r.prompt_tokens + r.max_tokens for r in results) if results else math.nan
 
 
+def _level_rates(c: str, levels: dict[int, list[RequestResult]]) -> dict[int, float]:
+    """The class's share of each level's steady-window rate; a level none of it was sent to has none."""
+    out = {}
+    for level, results in levels.items():
+        of = [r for r in results if r.request_class == c]
+        if of:
+            out[level] = steady_window_rate(results, level, of=of)[0]
+    return out
+
+
 def class_figures(mix: dict[str, float], single: list[RequestResult], class_rates: dict[str, list[float]],
-                  concurrent: list[RequestResult], first_level: tuple[int, list[RequestResult]] | None,
+                  concurrent: list[RequestResult], levels: dict[int, list[RequestResult]],
                   speculative: bool) -> dict[str, ClassFigures]:
     out = {}
+    first = next(iter(levels), None)
     for c, share in mix.items():
         mine_single = [r for r in single if r.request_class == c]
         mine = mine_single + [r for r in concurrent if r.request_class == c]
         tps, ci = summarize_rate(class_rates[c]) if class_rates.get(c) else (math.nan, (math.nan, math.nan))
-        level_tps = None
-        if first_level is not None:
-            level, results = first_level
-            of = [r for r in results if r.request_class == c]
-            level_tps = steady_window_rate(results, level, of=of)[0] if of else None  # none of it sent there
+        by_level = _level_rates(c, levels)
         out[c] = ClassFigures(
             requests=len(mine),
             single_tps=tps,
             single_tps_ci95=ci,
             accept_length=class_accept_length(mine, speculative),
             prompt_tokens_median=float(statistics.median(r.prompt_tokens for r in mine)) if mine else math.nan,
-            concurrent_tps=level_tps,
+            concurrent_tps=by_level.get(first) if first is not None else None,
             share=share,
             single_s=sum(r.end - r.start for r in mine_single),
             mean_request_tokens=_mean_request_tokens(mine),
+            concurrent_tps_by_level=by_level,
         )
     return out
 

@@ -34,6 +34,8 @@ class Objective:
         return getattr(self.module, "description", (self.module.__doc__ or "").strip())
 
     def __call__(self, m: Measurement) -> float:
+        if self.request_class is not None and self.level is not None:
+            return float(self.module.score(m, level=self.level, request_class=self.request_class))
         if self.request_class is not None:
             return float(self.module.score(m, request_class=self.request_class))
         if self.level is not None:
@@ -63,7 +65,7 @@ def load_objectives(names: list[str], concurrency_levels: list[int]) -> list[Obj
     for name in names:
         base, _, request_class = name.partition(":")
         if request_class:
-            out.append(_per_class(name, base, request_class))
+            out.append(_per_class(name, base, request_class, concurrency_levels))
             continue
         base, _, level = name.partition("@")
         module = _module(base)
@@ -81,12 +83,18 @@ def load_objectives(names: list[str], concurrency_levels: list[int]) -> list[Obj
     return out
 
 
-def _per_class(name: str, base: str, request_class: str) -> Objective:
+def _per_class(name: str, base: str, request_class: str, concurrency_levels: list[int]) -> Objective:
+    base, _, level = base.partition("@")
     module = _module(base)
-    if "request_class" not in inspect.signature(module.score).parameters or "@" in name:
-        raise ConfigError(f"[study] objectives: {name!r}: ':<class>' goes with single_tps, concurrent_tps or accept_length, "
-                          "without '@<level>' (a class's concurrent_tps is at the first level)")
-    return Objective(name, module, request_class=request_class)
+    parameters = inspect.signature(module.score).parameters
+    if "request_class" not in parameters:
+        raise ConfigError(f"[study] objectives: {name!r}: ':<class>' goes with single_tps, concurrent_tps or accept_length")
+    if level:
+        if "level" not in parameters or not level.isdigit():
+            raise ConfigError(f"[study] objectives: {name!r}: only concurrent_tps takes '@<concurrency>' before ':<class>'")
+        if int(level) not in concurrency_levels:
+            raise ConfigError(f"[study] objectives: {name!r} names a level that [bench] concurrency does not measure ({concurrency_levels})")
+    return Objective(name, module, int(level) if level else None, request_class=request_class)
 
 
 def check_classes(objectives: list[Objective], classes: list[str]) -> None:

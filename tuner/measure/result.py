@@ -78,6 +78,8 @@ class ClassFigures:
     share: float  # its weight in the mix
     single_s: float  # seconds its single-stream requests took: what measuring the class costs
     mean_request_tokens: float  # mean of prompt tokens + max_tokens over its requests
+    # its share of each level's steady-window rate ([bench] concurrency levels); the first is concurrent_tps
+    concurrent_tps_by_level: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

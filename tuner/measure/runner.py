@@ -100,8 +100,7 @@ async def _measure(
 
 def _by_class(workload: Workload, single: phases.Single, conc: phases.Concurrent, info: ServerInfo,
               accept: phases.Acceptance) -> dict[str, ClassFigures]:
-    first = next(iter(conc.level_results.items()), None)
-    figures = class_figures(workload.mix, single.results, single.class_rates, conc.results, first, info.speculative)
+    figures = class_figures(workload.mix, single.results, single.class_rates, conc.results, conc.level_results, info.speculative)
     # A server whose chat stream carries no verify counts (0.5.9): the class's accept length
     # from the /generate fallback over its single-stream prompts.
     return {c: replace(f, accept_length=accept.by_class.get(c)) if f.accept_length is None else f for c, f in figures.items()}

@@ -254,6 +254,7 @@ def _class_attrs(f) -> dict[str, Any]:
         "accept_length": _round(f.accept_length, 4),
         "prompt_tokens_median": _round(f.prompt_tokens_median, 1),
         "concurrent_tps": _round(f.concurrent_tps, 2),
+        "concurrent_tps_by_level": {str(level): _round(v, 2) for level, v in f.concurrent_tps_by_level.items()},
         "share": round(f.share, 4),
         "single_s": round(f.single_s, 2),
     }
