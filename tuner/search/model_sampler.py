@@ -176,9 +176,9 @@ class ModelSampler(optuna.samplers.BaseSampler):
             mfs = sorted({round(p.mem_fraction_static, 6) for p in configs if p.mem_fraction_static is not None})
             self._grid_cache = cached = (self._space, shapes, mfs)
         _, shapes, mfs = cached
-        shapes = _undominated(shapes)
-        keep = [s for s in shapes if all(fixed.get(name) in (None, s[i]) for name, i in list(_NAMES.items())[:3]
-                                         if not (name == "speculative_num_draft_tokens" and s[1] == 1))]
+        # After the fixed parameters: a shape is dropped only for a better one that is a candidate.
+        keep = _undominated([s for s in shapes if all(fixed.get(name) in (None, s[i]) for name, i in list(_NAMES.items())[:3]
+                                         if not (name == "speculative_num_draft_tokens" and s[1] == 1))])
         if fixed.get("mem_fraction_static") is not None:
             mfs = [m for m in mfs if abs(m - fixed["mem_fraction_static"]) < 1e-6] or [float(fixed["mem_fraction_static"])]
         return keep, mfs
@@ -269,7 +269,7 @@ def _undominated(shapes: list[tuple[int, int, int]]) -> list[tuple[int, int, int
     out = []
     for s, k, d in shapes:
         better = (1, 1, 2) if k > 1 and d == 2 else (d - 1, k, d) if k > 1 and s > d - 1 else None
-        if better is None or better == (s, k, d) or better not in have:
+        if better is None or better not in have:
             out.append((s, k, d))
     return out
 
