@@ -43,7 +43,9 @@ def _level_rates(c: str, levels: dict[int, list[RequestResult]]) -> dict[int, fl
 
 def class_figures(mix: dict[str, float], single: list[RequestResult], class_rates: dict[str, list[float]],
                   concurrent: list[RequestResult], levels: dict[int, list[RequestResult]],
-                  speculative: bool) -> dict[str, ClassFigures]:
+                  speculative: bool, accept_fallback: dict[str, float] | None = None) -> dict[str, ClassFigures]:
+    """`accept_fallback`: each class's accept length from /generate, for a server whose chat
+    stream carries no verify counts (0.5.9: `phases.acceptance`)."""
     out = {}
     first = next(iter(levels), None)
     for c, share in mix.items():
@@ -55,9 +57,9 @@ def class_figures(mix: dict[str, float], single: list[RequestResult], class_rate
             requests=len(mine),
             single_tps=tps,
             single_tps_ci95=ci,
-            accept_length=class_accept_length(mine, speculative),
+            accept_length=class_accept_length(mine, speculative) or (accept_fallback or {}).get(c),
             prompt_tokens_median=float(statistics.median(r.prompt_tokens for r in mine)) if mine else math.nan,
-            concurrent_tps=by_level.get(first) if first is not None else None,
+            concurrent_tps=by_level.get(first),
             share=share,
             single_s=sum(r.end - r.start for r in mine_single),
             mean_request_tokens=_mean_request_tokens(mine),

@@ -34,13 +34,8 @@ class Objective:
         return getattr(self.module, "description", (self.module.__doc__ or "").strip())
 
     def __call__(self, m: Measurement) -> float:
-        if self.request_class is not None and self.level is not None:
-            return float(self.module.score(m, level=self.level, request_class=self.request_class))
-        if self.request_class is not None:
-            return float(self.module.score(m, request_class=self.request_class))
-        if self.level is not None:
-            return float(self.module.score(m, level=self.level))
-        return float(self.module.score(m))
+        given = {"level": self.level, "request_class": self.request_class}
+        return float(self.module.score(m, **{k: v for k, v in given.items() if v is not None}))
 
 
 def available() -> list[str]:

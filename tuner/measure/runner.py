@@ -40,7 +40,6 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from dataclasses import replace
 
 from tuner.config import BenchConfig, SloConfig
 from tuner.measure import load_sweep, phases
@@ -100,10 +99,8 @@ async def _measure(
 
 def _by_class(workload: Workload, single: phases.Single, conc: phases.Concurrent, info: ServerInfo,
               accept: phases.Acceptance) -> dict[str, ClassFigures]:
-    figures = class_figures(workload.mix, single.results, single.class_rates, conc.results, conc.level_results, info.speculative)
-    # A server whose chat stream carries no verify counts (0.5.9): the class's accept length
-    # from the /generate fallback over its single-stream prompts.
-    return {c: replace(f, accept_length=accept.by_class.get(c)) if f.accept_length is None else f for c, f in figures.items()}
+    return class_figures(workload.mix, single.results, single.class_rates, conc.results, conc.level_results, info.speculative,
+                         accept_fallback=accept.by_class)
 
 
 def _measurement(bench: BenchConfig, info: ServerInfo, single: phases.Single, conc: phases.Concurrent, accept: phases.Acceptance,
