@@ -48,7 +48,14 @@ def deferred() -> Iterator[None]:
     not done or done and recorded, such as starting a server and writing down its pid.  A
     KeyboardInterrupt raised inside Popen or between the start script and its pid file left a
     server nobody knew about (a fresh-clone suite on a loaded machine: "a server for port ...
-    still runs" after exit 130).  Only with `install`'s handler; the block must be short."""
+    still runs" after exit 130), and each call to the study's database (a KeyboardInterrupt
+    inside SQLAlchemy's fetch invalidated the connection mid-read and printed a pool traceback;
+    CI, `test_signals[between trials (proposal)]`).  Only with `install`'s handler; the block
+    must be short.  Only the main thread defers: signals are handled there, and a block in
+    another thread (the heartbeat's storage call) must not hold them."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     _state["deferring"] += 1
     try:
         yield

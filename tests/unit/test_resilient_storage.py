@@ -105,3 +105,54 @@ def test_a_damaged_store_is_one_line(tmp_path):
     (tmp_path / "bad.db").write_bytes(b"this is not a database at all" * 100)
     with pytest.raises(ConfigError, match=r"bad\.db.*(not a database|damaged)"):
         storage_for_url(f"sqlite:///{tmp_path / 'bad.db'}")
+
+
+def test_a_signal_during_a_database_call_lands_after_it_and_the_store_stays_usable(tmp_path):
+    """CI: a SIGINT in the sampler's proposal raised inside SQLAlchemy's fetch, which invalidated
+    the connection mid-read and printed a pool traceback ("Cannot operate on a closed
+    database") before the run's one line."""
+    import signal
+
+    from tuner import interrupts
+
+    storage = _storage(tmp_path)
+    study = optuna.create_study(storage=storage, study_name="s")
+    study.tell(study.ask(), [1.0])
+    real, reads = storage.inner.get_all_trials, []
+
+    def signalled_read(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        deadline = time.monotonic() + 30
+        while not interrupts.stopping() and time.monotonic() < deadline:
+            time.sleep(0.01)  # the handler has run by now, in the middle of the call
+        trials = real(*args, **kwargs)
+        reads.append(len(trials))
+        return trials
+
+    interrupts.install()
+    storage.inner.get_all_trials = signalled_read
+    with pytest.raises(KeyboardInterrupt):
+        study.get_trials()
+    assert reads == [1], "the read should have finished before the interrupt was raised"
+    storage.inner.get_all_trials = real
+    assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE]  # the bookkeeping can go on
+
+
+def test_a_database_call_in_another_thread_never_holds_a_signal(tmp_path):
+    """The heartbeat thread's calls are not deferred: only the main thread handles signals, and
+    a deferral counted there would hold a Ctrl-C for as long as a heartbeat takes."""
+    from tuner import interrupts
+
+    held = []
+    thread = threading.Thread(target=lambda: held.append(_deferring_inside()))
+    thread.start()
+    thread.join()
+    assert held == [0]
+    assert _deferring_inside() == 1
+
+
+def _deferring_inside() -> int:
+    from tuner import interrupts
+
+    with interrupts.deferred():
+        return interrupts._state["deferring"]

@@ -35,6 +35,7 @@ from optuna.trial import TrialState
 from sqlalchemy import exc as sa_exc
 
 from tuner.errors import TunerError
+from tuner.interrupts import deferred
 from tuner.server.control.base import pid_alive
 from tuner.results.optuna_private import HeartbeatForwarding, storage_of
 
@@ -150,7 +151,8 @@ class ResilientStorage(HeartbeatForwarding, BaseStorage):
         started, delay = None, 0.5
         while True:
             try:
-                return call()
+                with deferred():  # a signal lands between database calls, never inside one
+                    return call()
             except Exception as exc:
                 kind = _classify(exc)
                 if kind == "corrupt":
@@ -181,7 +183,8 @@ class ResilientStorage(HeartbeatForwarding, BaseStorage):
         if self.gave_up is not None:
             return
         try:
-            call()
+            with deferred():
+                call()
         except Exception as exc:
             if _classify(exc) is None:
                 raise
@@ -203,7 +206,8 @@ class ResilientStorage(HeartbeatForwarding, BaseStorage):
             raise self.gave_up
         if not self.journal.path.exists():
             try:
-                return getattr(self.inner, op)(*args)
+                with deferred():
+                    return getattr(self.inner, op)(*args)
             except Exception as exc:
                 if _classify(exc) != "transient":
                     raise
