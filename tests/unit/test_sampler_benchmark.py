@@ -1,0 +1,41 @@
+"""benchmarks/sampler_benchmark.py's ceiling: the best 10-trial set a sampler that knew the
+landscape could pick (greedy hypervolume subset selection after the warm start)."""
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "sampler_benchmark.py"
+_spec = importlib.util.spec_from_file_location("sampler_benchmark", _PATH)
+B = importlib.util.module_from_spec(_spec)
+sys.modules.setdefault("sampler_benchmark", B)  # its dataclasses look their module up
+_spec.loader.exec_module(B)
+
+A, C, D = (1.0, 1.0, 0.5), (0.5, 0.5, 1.0), (0.2, 0.2, 0.2)  # A alone 0.5, C alone 0.25, D dominated
+
+
+def test_greedy_picks_the_largest_gain_and_counts_the_first_pick():
+    front = np.array([C, A])
+    assert math.isclose(B.greedy_hv_set(front, 1), 0.5)  # A, the larger box
+    assert math.isclose(B.greedy_hv_set(front, 2), 0.5 + 0.25 - 0.125)  # both; their overlap counted once
+    assert math.isclose(B.greedy_hv_set(front, 2, first=np.array(D)), 0.5)  # the warm start takes a slot
+
+
+def _expectation(values, feasible=True):
+    return SimpleNamespace(feasible=feasible, values=lambda: values)
+
+
+def test_ceiling_starts_from_the_warm_shape_at_its_best_fraction():
+    # Two shapes; the warm start's shape (3, 1, 4) has a point off the front (its low fraction) and
+    # one on it (0.9); the front is A (the warm shape at 0.9) and C.
+    table = {(3, 1, 4, 0.8): _expectation(D), (3, 1, 4, 0.9): _expectation(A),
+             (5, 1, 6, 0.9): _expectation(C), (5, 1, 6, 0.95): _expectation(A, feasible=False)}
+    front = {(3, 1, 4, 0.9): np.array(A), (5, 1, 6, 0.9): np.array(C)}
+    lands = SimpleNamespace(table=table, front=front, scale=np.ones(3), front_hv=0.625,
+                            warm_start={"speculative_num_steps": 3, "speculative_eagle_topk": 1, "mem_fraction_static": 0.8})
+    assert math.isclose(B.ceiling(lands, 1), 0.5 / 0.625)  # the warm shape at 0.9, not at its default 0.8
+    assert math.isclose(B.ceiling(lands, 2), 1.0)
