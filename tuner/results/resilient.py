@@ -18,6 +18,12 @@ set).  One wrapper under all of them covers every call, keeps `study.optimize`, 
 path unreachable while the limit lasts.  Heartbeats are never retried (a missed one is
 harmless), and no trial is declared stale until the heartbeats had a grace period to resume
 after an outage, so a live trial is never failed because the database was away.
+
+A signal (Ctrl-C, SIGTERM) never lands inside one database call: each runs inside
+`tuner.interrupts.deferred`, with this process's own note of what it did (`claimed`), and the
+signal is raised when the call returns.  The waits between retries are not deferred, so a run
+waiting for its database still stops at once; one call holds a signal at most as long as the
+driver's own timeout (PostgreSQL's connect_timeout, sqlite's busy timeout).
 """
 
 from __future__ import annotations
