@@ -27,7 +27,7 @@ __all__ = ["Completions"]
 async def _stream(state: ServerState, req: Request, latency: Latency | None) -> AsyncIterator[Chunk]:
     engine = state.pick_engine()
     engine.submit(req)
-    last = req.arrival
+    last, first = req.arrival, True
     try:
         while True:
             item = await req.out.get()
@@ -35,7 +35,10 @@ async def _stream(state: ServerState, req: Request, latency: Latency | None) -> 
                 raise EngineDead(str(item))
             now = time.monotonic()
             if latency is not None:
-                if req.generated == item.tokens:
+                # The first chunk, not "the tokens so far are this chunk's": the engine may have
+                # decoded further before a loaded event loop reads the queue (a fresh-clone suite
+                # beside a CPU hog scraped a /metrics with no TTFT sample after a whole request).
+                if first:
                     latency.ttft.labels(*latency.values).observe(now - req.arrival)
                 elif item.tokens:
                     gap = (now - last) / item.tokens
@@ -43,7 +46,7 @@ async def _stream(state: ServerState, req: Request, latency: Latency | None) -> 
                         latency.itl.labels(*latency.values).observe(gap)
                 if item.finish_reason:
                     latency.e2e.labels(*latency.values).observe(now - req.arrival)
-            last = now
+            last, first = now, False
             yield item
             if item.finish_reason:
                 return

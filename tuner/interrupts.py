@@ -9,7 +9,7 @@ finishes, then the command exits 130 (issue 25: a second Ctrl-C left a FAIL tria
 `fail_reason`, `log_tail` or server log).  SIGTERM (systemd stop, `kill`) is handled as Ctrl-C,
 so the target is restored too.
 
-`quiet_start` turns a Ctrl-C during the command's imports (a second or so before `main` runs)
+`quiet_start` turns a Ctrl-C or SIGTERM during the command's imports (a second or so before `main` runs)
 into one line instead of a 40-line traceback through pydantic or openai.
 """
 
@@ -98,6 +98,15 @@ def quiet_start() -> None:
     script = os.path.basename(sys.argv[0]) if sys.argv else ""
     if sys.argv[:1] == ["-m"] or script == "sglang-tuner":
         sys.excepthook = _quiet_hook
+        if threading.current_thread() is threading.main_thread():
+            # SIGTERM too (systemd stop, kill): its default action killed the process, -15 and
+            # no line, where a Ctrl-C at the same moment said what happened (a signal stress
+            # run); `install` replaces this once `main` runs.
+            signal.signal(signal.SIGTERM, _raise_interrupt)
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
 
 
 NOTHING_RAN_LINE = "interrupted before anything was launched; nothing was recorded"

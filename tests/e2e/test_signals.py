@@ -127,7 +127,8 @@ def test_a_second_signal_waits_for_the_bookkeeping_of_the_first(tmp_path):
     assert trial.user_attrs.get("server_log_artifact")
 
 
-def test_a_signal_during_the_imports_is_one_line(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_during_the_imports_is_one_line(tmp_path, sig):
     """`-X importtime` prints a line per finished import (~170 kB after the `tuner` package's own
     line).  Its stderr is a 4 kB pipe this test stops reading once the package's line came, so
     the command cannot get past its imports (optuna, pydantic, openai) before the signal lands,
@@ -144,7 +145,7 @@ def test_a_signal_during_the_imports_is_one_line(tmp_path):
             if not chunk:
                 raise AssertionError("no import line for the package:\n" + seen[-2000:].decode(errors="replace"))
             seen += chunk
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         rest = (seen[seen.index(b"| tuner\n"):] + stderr.read()).decode(errors="replace")
     proc.wait(timeout=30)
     said = [line for line in rest.splitlines()[1:] if not line.startswith("import time:")]

@@ -70,3 +70,39 @@ def test_a_long_prompt_is_prefilled_in_chunks_that_stall_the_running_stream(capl
     # The server's log shows the chunks as SGLang's does: one prefill batch of 4096 tokens each.
     prefills = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Prefill batch")]
     assert sum("#new-token: 4096," in line for line in prefills) == 4, prefills
+
+
+def test_the_first_chunk_is_the_time_to_first_token_even_when_the_engine_ran_ahead():
+    """A loaded event loop reads a request's first chunk after the engine decoded further: the
+    TTFT histogram must still get its sample (a fresh-clone suite beside a CPU hog scraped
+    /metrics after a whole request and found no time_to_first_token bucket)."""
+    import asyncio
+
+    from prometheus_client import CollectorRegistry
+
+    from sglang_emulator.completions import _collect
+    from sglang_emulator.engine import Chunk, Request
+    from sglang_emulator.metrics import Latency
+
+    class RanAhead:
+        _wake = None
+
+        def submit(self, req):  # both steps decoded before the handler reads the first chunk
+            req.out.put_nowait(Chunk(3, "a b c"))
+            req.out.put_nowait(Chunk(2, " d e", finish_reason="length"))
+            req.generated, req.finish_reason = 5, "length"
+
+    class State:
+        def pick_engine(self):
+            return RanAhead()
+
+    registry = CollectorRegistry()
+    latency = Latency(registry, "m")
+
+    async def run():
+        return await _collect(State(), Request(rid="r", prompt="p", prompt_tokens=1, max_new_tokens=5), latency)
+
+    text, finish, _ = asyncio.run(run())
+    assert (text, finish) == ("a b c d e", "length")
+    assert registry.get_sample_value("sglang:time_to_first_token_seconds_count", {"model_name": "m", "engine_type": "unified"}) == 1
+    assert registry.get_sample_value("sglang:inter_token_latency_seconds_count", {"model_name": "m", "engine_type": "unified"}) == 2

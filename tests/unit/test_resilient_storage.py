@@ -156,3 +156,39 @@ def _deferring_inside() -> int:
 
     with interrupts.deferred():
         return interrupts._state["deferring"]
+
+
+@pytest.mark.parametrize("queued", [False, True], ids=["new trial", "queued trial"])
+def test_a_signal_while_optunas_ask_creates_a_trial_leaves_it_to_be_failed_not_running(tmp_path, queued):
+    """CI: a SIGTERM in the sampler's proposal landed between the trial's insert and this
+    process's note that it made it RUNNING; the run exited 130 with the trial RUNNING."""
+    import signal
+
+    from tuner import interrupts
+    from tuner.search.recovery import fail_interrupted
+
+    storage = _storage(tmp_path)
+    study = optuna.create_study(storage=storage, study_name="s")
+    if queued:
+        study.enqueue_trial({"x": 1})
+    op = "set_trial_state_values" if queued else "create_new_trial"
+    real = getattr(storage.inner, op)
+
+    def signalled(*args, **kwargs):
+        result = real(*args, **kwargs)
+        if queued and args[1] != TrialState.RUNNING:
+            return result
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while not interrupts.stopping() and time.monotonic() < deadline:
+            time.sleep(0.01)  # the handler has run, after the write and before the call returns
+        return result
+
+    interrupts.install()
+    setattr(storage.inner, op, signalled)
+    with pytest.raises(KeyboardInterrupt):
+        study.ask()
+    setattr(storage.inner, op, real)
+    assert [t.state for t in study.get_trials()] == [TrialState.RUNNING]  # the write went through ...
+    fail_interrupted(study)
+    assert [t.state for t in study.get_trials()] == [TrialState.FAIL]  # ... and the run knew it was its own
