@@ -101,12 +101,8 @@ def quiet_start() -> None:
         if threading.current_thread() is threading.main_thread():
             # SIGTERM too (systemd stop, kill): its default action killed the process, -15 and
             # no line, where a Ctrl-C at the same moment said what happened (a signal stress
-            # run); `install` replaces this once `main` runs.
-            signal.signal(signal.SIGTERM, _raise_interrupt)
-
-
-def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
+            # run); `install` resets the state and sets it again once `main` runs.
+            signal.signal(signal.SIGTERM, _handle)
 
 
 NOTHING_RAN_LINE = "interrupted before anything was launched; nothing was recorded"

@@ -189,8 +189,7 @@ class ResilientStorage(HeartbeatForwarding, BaseStorage):
         if self.gave_up is not None:
             return
         try:
-            with deferred():
-                call()
+            call()  # not deferred: Optuna beats from its heartbeat thread, where signals never land
         except Exception as exc:
             if _classify(exc) is None:
                 raise

@@ -176,9 +176,9 @@ class ModelSampler(optuna.samplers.BaseSampler):
             mfs = sorted({round(p.mem_fraction_static, 6) for p in configs if p.mem_fraction_static is not None})
             self._grid_cache = cached = (self._space, shapes, mfs)
         _, shapes, mfs = cached
-        # After the fixed parameters: a shape is dropped only for a better one that is a candidate.
-        keep = _undominated([s for s in shapes if all(fixed.get(name) in (None, s[i]) for name, i in list(_NAMES.items())[:3]
-                                         if not (name == "speculative_num_draft_tokens" and s[1] == 1))])
+        allowed = [s for s in shapes if all(fixed.get(name) in (None, s[i]) for name, i in list(_NAMES.items())[:3]
+                                            if not (name == "speculative_num_draft_tokens" and s[1] == 1))]
+        keep = _undominated(allowed)  # after the fixed parameters: dropped only for a better candidate
         if fixed.get("mem_fraction_static") is not None:
             mfs = [m for m in mfs if abs(m - fixed["mem_fraction_static"]) < 1e-6] or [float(fixed["mem_fraction_static"])]
         return keep, mfs
