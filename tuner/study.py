@@ -27,7 +27,7 @@ from tuner.search.recovery import fail_interrupted, recover_stale_trials
 from tuner.search.samplers import make_sampler
 from tuner.search.space import check_compatible
 from tuner.search.warm_start import warm_start
-from tuner.interrupts import Interrupted
+from tuner.interrupts import Interrupted, stopping
 from tuner.results.terminal import interrupted_line
 from tuner.sequence import connected
 from tuner.server.connection import refuse_if_answering
@@ -123,6 +123,10 @@ def run_study(config: Config, *, trials: int, sampler_name: str | None = None, s
                            timeout_s=timeout_s, patience=patience)
     except KeyboardInterrupt:
         raise Interrupted(interrupted_line(fail_interrupted(study))) from None
+    except resilient.StorageOutage as exc:
+        if not stopping():
+            raise
+        raise Interrupted(f"interrupted while {exc}; the target was restored") from None
     _note_baselines(study, result.baselines, reporter)
     return result
 

@@ -192,3 +192,29 @@ def test_a_signal_while_optunas_ask_creates_a_trial_leaves_it_to_be_failed_not_r
     assert [t.state for t in study.get_trials()] == [TrialState.RUNNING]  # the write went through ...
     fail_interrupted(study)
     assert [t.state for t in study.get_trials()] == [TrialState.FAIL]  # ... and the run knew it was its own
+
+
+def test_a_run_being_stopped_does_not_wait_out_an_outage_and_keeps_its_writes_in_the_journal(tmp_path):
+    """An operator's Ctrl-C while PostgreSQL was down: the FAIL record waited the whole
+    storage_outage_s (300 s) for the database.  Once a signal is being handled, the write goes
+    to the journal and the run gives up at once; the next run writes it back."""
+    import signal
+
+    from tuner import interrupts
+
+    storage = _storage(tmp_path, outage_s=120.0)
+    study = optuna.create_study(storage=storage, study_name="s")
+    trial = study.ask()
+    interrupts.install()
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(30)  # the handler raises long before
+    holder = _lock(tmp_path, 15.0)
+    try:
+        started = time.monotonic()
+        with pytest.raises(StorageOutage, match="is away"):
+            trial.set_user_attr("fail_reason", "interrupted")
+        assert time.monotonic() - started < 10  # not the 120 s limit, nor the 15 s lock
+        assert [e["args"][1:] for e in storage.journal.entries()] == [["fail_reason", "interrupted"]]
+    finally:
+        holder.join()

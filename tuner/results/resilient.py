@@ -41,7 +41,7 @@ from optuna.trial import TrialState
 from sqlalchemy import exc as sa_exc
 
 from tuner.errors import TunerError
-from tuner.interrupts import deferred
+from tuner.interrupts import deferred, stopping
 from tuner.server.control.base import pid_alive
 from tuner.results.optuna_private import HeartbeatForwarding, storage_of
 
@@ -168,7 +168,10 @@ class ResilientStorage(HeartbeatForwarding, BaseStorage):
                     raise
                 now = self.last_failure = time.monotonic()
                 started = started if started is not None else now
-                if now - started >= self.outage_s:
+                if now - started >= self.outage_s or stopping():
+                    # A run being stopped does not wait out the outage: its trial writes are in
+                    # the journal already (an operator's Ctrl-C while PostgreSQL was down waited
+                    # the whole 300 s for the FAIL record).
                     self._give_up(exc)
                 self.notify(f"waiting for the study's database {self.url}: {now - started:.0f} s of "
                             f"{self.outage_s:.0f} s ({_first_line(exc)})")
@@ -178,6 +181,9 @@ class ResilientStorage(HeartbeatForwarding, BaseStorage):
     def _give_up(self, exc: BaseException) -> None:
         pending = len(self.journal.entries())
         kept = f"; {pending} trial write(s) wait in {self.journal.path} for the next run" if pending else ""
+        if stopping():
+            self.gave_up = StorageOutage(f"the study's database {self.url} is away ({_first_line(exc)}){kept}")
+            raise self.gave_up from None
         self.gave_up = StorageOutage(
             f"the study's database {self.url} did not answer for {self.outage_s:.0f} s ({_first_line(exc)}){kept}; "
             "check that it is up, or raise [study] storage_outage_s")
