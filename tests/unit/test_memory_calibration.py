@@ -170,3 +170,14 @@ def test_memory_usage_of_a_started_launch_keeps_cuda_graph_max_bs():
         "weight": 16.0, "kvcache": 50.0, "token_capacity": 409600, "startup_available": 4.2,
         "graph": {"target_verify": 1.1, "draft_decode": 0.2, "draft_extend": 0.1}}}]}
     assert record.memory_usage(info)["cuda_graph_max_bs"] == 48
+
+
+def test_a_reserve_below_one_percent_of_the_memory_is_possible():
+    # A server whose capture needs nothing beyond what it reports (the emulator's H200 profile:
+    # 0.6 GiB of non-PyTorch memory on 141 GiB, 0.4%).  A 1% floor on the reserve called every
+    # launch leaving less than 0.8 GiB of this 80 GiB card after its graphs certain to fail, and
+    # launches near the edge riskier than they were.
+    trials = [_dense(5, 4, 8, 0.82, graph=3.0), _dense(5, 4, 8, 0.93, graph=3.0)]  # 1.6 GiB left at 0.93
+    p = _p_start(trials, 5, 4, 8, 0.945)  # leaves 0.4 GiB: 0.5% of the memory
+    assert 0.1 < p < 0.5, p
+    assert _p_start(trials, 5, 4, 8, 0.93) == pytest.approx(1.0)  # where it started

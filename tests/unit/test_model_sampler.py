@@ -349,3 +349,31 @@ def test_a_climb_counts_the_whole_fronts_lift_only_while_the_reserve_is_uncertai
         for _ in range(5):
             _run_one(study)
         assert (len(calls) == 0) == known, (known, len(calls))
+
+
+def test_a_tree_that_verifies_the_chains_nodes_is_as_sure_as_the_chain():
+    # EAGLE verifies the draft - 1 most probable nodes: with chains measured at 0.8 per depth, a
+    # sibling (at most 1 - 0.8 = 0.2) is never more probable than the chain's third node (0.51),
+    # so (3, 4, 4) verifies (3, 1, 4)'s nodes whatever topk 4's siblings take: its unseen topk
+    # is no reason to launch it (qwen-demo launched (3, 4, 4) and (5, 4, 6) for that spread).
+    from types import SimpleNamespace
+
+    acc = M.Acceptance(rates=[(0.8, 1000)] * 3, share=0.5, calib={}, measured_depth=3, spread=0.0)
+    model = M.Model(acc, None, SimpleNamespace(max_draft={1: 4}), 32, 8192, {1: 3}, 0.0)
+    novelty = model._novelty(np.array([3, 3, 6, 5]), np.array([1, 4, 4, 2]), np.array([4, 4, 15, 7]))
+    assert novelty[0] == novelty[1] == 0.0  # the tree as sure as its chain
+    assert novelty[2] == 1.0  # a wide tree verifies siblings: topk 4's share is unknown
+    assert novelty[3] == 1.0  # six nodes of a five-deep tree: one is a sibling
+
+
+def test_a_shape_inside_a_started_one_is_no_first_start():
+    # Every graph term grows with steps, topk and draft tokens, so a shape no larger than a
+    # started one in each needs no more graph memory at the same batch: like a climb of the
+    # started shape, not a first start into unknown graph memory (qwen-demo climbed (3, 1, 4)
+    # four times while (1, 1, 2) and (2, 1, 3) at 0.94 were on the front).
+    from tuner.search import model_sampler as MS
+
+    cand = np.array([(2, 1, 3, 0.9), (3, 1, 4, 0.93), (3, 2, 4, 0.9), (4, 1, 5, 0.9), (2, 1, 5, 0.9)], dtype=float)
+    assert MS._inside(cand, {(3, 1, 4)}).tolist() == [True, True, False, False, False]
+    assert MS._inside(cand, {(5, 4, 8)}).tolist() == [True, True, True, True, True]
+    assert not MS._inside(cand, set()).any()

@@ -22,8 +22,8 @@ capacity and whether the server starts, each with an uncertainty:
   in SGLang's form (a hybrid's state slots and per-draft-token intermediate state per served
   slot, or a line in the fraction with a per-draft-token term); the graph memory of a shape
   between the linear fit on the per-runner graph GiB and an upper bound scaling the most GiB per
-  graph token seen; the reserve a capture needs beyond what it reports between 1% of the memory
-  and the least `startup_available` a launch started with.  P(start) is the share of those
+  graph token seen; the reserve a capture needs beyond what it reports between none and the
+  least `startup_available` a launch started with (at most 10% of the memory).  P(start) is the share of those
   grids under which the launch fits; every memory failure keeps only the grid points under which
   it would have failed (a graph OOM needed more than the capture log's free memory).
 
@@ -358,9 +358,12 @@ _U_GRAPH = (np.arange(12) + 0.5) / 12  # where a shape's graphs sit between the 
 _U_THETA = (np.arange(32) + 0.5) / 32  # the unreported reserve, between 0 and its upper bound
 _U_KV = (np.arange(16) + 0.5) / 16  # the per-draft-token KV reservation, between its bounds
 # Prior bounds on the reserve a capture needs beyond what it reports, as shares of the memory:
-# issue #23 measured ~1-8% of the card; 10% leaves a margin above.
-_THETA_MIN, _THETA_MAX = 0.01, 0.10
-_THETA_LOG = False
+# issue #23 measured ~1-8% of the card; 10% leaves a margin above.  The floor is 0, not 1%: a
+# server may need nothing beyond its non-PyTorch memory (the emulator's fixed profiles: 0.6 GiB
+# of an H200's 141, 0.4%), and a floor above the truth made every launch near the edge look
+# riskier than it was (P 0.5-0.7 started 99% of the time there) and kept qwen-demo's chains one
+# fraction step below their 0.94 edge (20 seeds: HV at 10 launches 92.5% -> 95.7%).
+_THETA_MIN, _THETA_MAX = 0.0, 0.10
 _UNSEEN_TREE = 1.5  # a first tree's graphs per graph token, up to 1.5x a chain's (FlashInfer's index buffers)
 _UNSEEN_TOPK = 1.25  # another topk than any started tree's
 _KV_DECADE = 4.0  # a KV failure the line did not foresee: the reservation is 1-4x what it needed
@@ -386,7 +389,7 @@ class Memory:
     log's "avail mem" before the first graph), graphs between the linear fit and an upper bound
     that scales the most graph memory per graph token any launch showed, theta an unreported
     reserve in [theta_lo, theta_hi] (theta_hi: the least startup_available a launch started with,
-    and at most 10% of the memory; theta_lo 1% of it).  Failed launches weigh the (graph, theta) grid: only combinations
+    and at most 10% of the memory; theta_lo 0).  Failed launches weigh the (graph, theta) grid: only combinations
     under which they would have failed keep their weight."""
 
     pre: float  # GiB the static fraction is taken of (pre-load memory)
@@ -487,10 +490,7 @@ class Memory:
         return np.clip(out, 0.0, 1.0)
 
     def _theta(self, u) -> np.ndarray:
-        """The reserve at quantile u of its prior: log-uniform between the bounds (a reserve is
-        as likely 1-2% as 4-8% of the memory)."""
-        if _THETA_LOG and self.theta_lo > 0:
-            return self.theta_lo * (self.theta_hi / self.theta_lo) ** np.asarray(u)
+        """The reserve at quantile u of its prior: uniform between the bounds."""
         return self.theta_lo + (self.theta_hi - self.theta_lo) * np.asarray(u)
 
     def theta_range(self, q: float = 0.1) -> tuple[float, float]:
@@ -850,6 +850,8 @@ class Model:
         """0 for shapes like measured ones; up to 1 for an unseen topk or far extrapolation."""
         out = np.zeros(len(steps))
         for i, (s, k, d) in enumerate(zip(steps, topk, draft)):
+            if int(k) not in self.measured_steps and 1 in self.measured_steps and self._verifies_chain(s, k, d):
+                k = 1  # its acceptance is the chain's whatever the siblings take: as sure as the chain
             if int(k) not in self.measured_steps:
                 out[i] = 1.0
                 continue
@@ -857,6 +859,22 @@ class Model:
             wider = max(0, int(d) - self.memory.max_draft.get(int(k), int(d))) / max(int(d), 1)
             out[i] = min(1.0, 0.15 * deeper + wider)
         return out
+
+    def _verifies_chain(self, steps, topk, draft) -> bool:
+        """Whether EAGLE's draft - 1 most probable nodes of this tree are the chain's whatever
+        share of the residual probability the siblings take: the chain's deepest verified node
+        is more probable than any sibling could be (one taking all of 1 - c at its depth, the
+        most `tree_reach` allows).  Then an unseen topk cannot change the acceptance, only the
+        draft's cost, which the step-time fit extrapolates.  qwen-demo, 20 seeds: 2-3 of 10
+        launches went to such trees ((2, 2, 3), (3, 4, 4), (5, 2, 6), (5, 4, 6)) for the unseen
+        topk's spread, each as fast as its chain or slower."""
+        n = int(draft) - 1
+        if topk <= 1 or n < 1 or n > int(steps):
+            return topk <= 1
+        c = np.asarray(_chain_rates(self.acceptance.rates, int(steps))[:n], dtype=float)
+        reach = np.cumprod(c)  # the chain's nodes, depth 1 .. n
+        sibling = np.concatenate([[1.0], reach[:-1]]) * (1 - c)  # the best sibling per depth
+        return bool(reach[-1] > sibling.max())
 
 
 def _level_of(x: Launch) -> int | None:
