@@ -4,9 +4,10 @@
 landscape, fitted after every launch (acceptance by depth, step time, the memory line and the
 graph-OOM edge), proposes the configuration with the largest expected hypervolume gain, and falls
 back to "edge" for a trial where it cannot fit (no memory_usage, SLO constraints, objectives it
-does not predict).  Its P(start) is calibrated (issue #23, benchmarks/results/sampler_benchmark_memory.md:
-on landscapes with memory physics it was not written for, at most one failed launch per study at
-10 launches, and launches predicted at >= 0.9 started).  Chosen before that with benchmarks/sampler_benchmark.py
+does not predict).  Its P(start) comes from bounds on what the launches leave unknown (issue #23,
+benchmarks/results/sampler_benchmark_memory.md, 15 landscapes x 20 seeds: at most one failed
+launch in a study at 10 or 20 launches, launches predicted at >= 0.9 started 93-98% of the time,
+and at 10 launches 94.1-100% of the exhaustive front's hypervolume).  Chosen before that with benchmarks/sampler_benchmark.py
 (benchmarks/results/sampler_benchmark_model.md, 20 seeds, 13 landscapes of which 6 drawn from
 physical ranges): at 10 launches 96.4-98.6% of the exhaustive front's hypervolume (worst seed
 94.1%, <= 0.55 failed launches per study), where "edge" reaches 82-95% (worst seed 74%, up to
