@@ -22,8 +22,9 @@ No model yet (nothing completed): the warm start's shape, or else the deepest ch
 acceptance by depth gives every shallower chain's), at a safe fraction: the command's own, or
 55% up the range, and lower after each graph OOM.  A shape's first start goes where P(start)
 >= 0.9 (a shape no larger than a started one in steps, topk and draft is no first start,
-`_inside`); a failed launch has a price (`_FAILURE_PRICE`), paid with 1 - P(start); while the unreported reserve is uncertain, a reserve probe (`_reserve_probe`) raises a
-measured shape, and a climb is worth what the whole front would gain (`_climb_gain`); once it is
+`_inside`); a failed launch has a price (`_FAILURE_PRICE`), paid with 1 - P(start).  While
+the unreported reserve is uncertain, a reserve probe (`_reserve_probe`) raises a measured shape,
+and a climb is worth what the whole front would gain (`_climb_gain`); once it is
 known, a climb is worth its own gain.  Where the model cannot be fitted (no memory_usage from the server, SLO
 constraints, objectives it does not predict), it falls back to the default sampler and says so
 in the trial's `model_note`; a poor throughput fit only widens the intervals (issue #23).
@@ -296,8 +297,9 @@ _CLIMB_WEIGHT = 1.0
 _CLIMB_P = 0.7
 # The price of a failed launch in the gain's units (normalised hypervolume).  Without it, late
 # trials with nothing left to gain took P 0.5-0.6 launches for gains of 0.003 (family:7, 20
-# seeds: 1.55 failed launches a study at 20 trials -> 1.00; qwen-demo 1.05 -> 0.40), while a
-# reserve probe (gains of 0.1-0.25 at P 0.55-0.8) still pays for itself.
+# seeds: 1.55 failed launches a study at 20 trials -> 1.00; qwen-demo 1.05 -> 0.40, and 0.80 once
+# probes stayed on measured shapes), while a reserve probe (gains of 0.1-0.25 at P 0.55-0.8)
+# still pays for itself.
 _FAILURE_PRICE = 0.02
 _RESERVE_KNOWN = 0.02  # the reserve's 10-90% range, as a share of the memory, below which it is known
 
