@@ -377,3 +377,17 @@ def test_a_shape_inside_a_started_one_is_no_first_start():
     assert MS._inside(cand, {(3, 1, 4)}).tolist() == [True, True, False, False, False]
     assert MS._inside(cand, {(5, 4, 8)}).tolist() == [True, True, True, True, True]
     assert not MS._inside(cand, set()).any()
+
+
+def test_a_measured_shape_is_not_relaunched_at_a_lower_fraction():
+    # The same shape at a lower fraction has the same single-stream speed, no more running
+    # requests and no larger batch: its measurement dominates it.  The demo's trials 13-14
+    # re-launched (5, 1, 6) 0.93 -> 0.88 and (1, 1, 2) 0.93 -> 0.92 for throughput draws above
+    # the measured speed that a smaller batch cannot give.
+    from tuner.search import model_sampler as MS
+
+    flags = {"speculative_num_steps": 5, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 6,
+             "mem_fraction_static": 0.93}
+    done = optuna.trial.create_trial(values=[240.0, 2000.0, 17.0], user_attrs={record.FLAGS: flags})
+    cand = np.array([(5, 1, 6, 0.88), (5, 1, 6, 0.92), (5, 1, 6, 0.93), (5, 1, 6, 0.94), (4, 1, 5, 0.88)], dtype=float)
+    assert MS._excluded(cand, [done]).tolist() == [True, True, True, False, False]
