@@ -391,3 +391,25 @@ def test_a_measured_shape_is_not_relaunched_at_a_lower_fraction():
     done = optuna.trial.create_trial(values=[240.0, 2000.0, 17.0], user_attrs={record.FLAGS: flags})
     cand = np.array([(5, 1, 6, 0.88), (5, 1, 6, 0.92), (5, 1, 6, 0.93), (5, 1, 6, 0.94), (4, 1, 5, 0.88)], dtype=float)
     assert MS._excluded(cand, [done]).tolist() == [True, True, True, False, False]
+
+
+def test_a_tree_beyond_the_measured_verify_tokens_is_not_predicted_faster_than_physics_allows():
+    # Chains at batch 32 measure up to 128 verify tokens, where _truth's verify is still flat;
+    # a 16-token tree at batch 32 verifies 512, past the knee the chains never reached.  A fit
+    # with no data there has no slope to give, so its interval must reach down to what a
+    # compute-bound forward costs (time in proportion to tokens), and hold the truth.
+    trials = []
+    for steps, mfs in ((1, 0.80), (2, 0.82), (3, 0.84), (3, 0.86)):
+        ok, values, attrs = _truth(steps, 1, steps + 1, mfs)
+        flags = {"speculative_num_steps": steps, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": steps + 1,
+                 "mem_fraction_static": mfs}
+        trials.append(optuna.trial.create_trial(values=values, user_attrs={**attrs, record.FLAGS: flags}))
+    model, why = M.fit(trials, ["single_tps", "concurrent_tps", "capacity"])
+    assert model is not None, why
+    p = model.predict([3], [4], [16], [0.84])
+    lo, mid, hi = p.interval(0)["concurrent_tps"]
+    _, truth, _ = _truth(3, 4, 16, 0.84)
+    assert lo <= truth[1] <= hi, (lo, truth[1], hi)
+    # Inside the measured tokens nothing changes: a chain keeps the fit's own narrow interval.
+    chain = model.predict([2], [1], [3], [0.84])
+    assert chain.sd[0, 1] == pytest.approx(chain.sd[0, 0])

@@ -270,9 +270,27 @@ class StepTime:
     knee: float
     spread: float  # relative std of time predictions (residual based)
     experts: float = 0.0  # the MoE scale (tokens) of the fit, 0 for a dense one
+    max_tokens: float = 0.0  # the most verify tokens (batch x draft) a measurement saw
 
     def ms(self, steps, topk, draft, batch, accept, concurrent) -> np.ndarray:
         return _time_features(steps, topk, draft, batch, accept, concurrent, self.knee, self.experts) @ self.coef
+
+    def ms_bound(self, steps, topk, draft, batch, accept, concurrent) -> np.ndarray:
+        """The slowest step time physics allows beyond the measured verify tokens: a forward is
+        memory-bound or compute-bound, max(a, c x tokens), so its time grows at most in
+        proportion to its tokens (t(l x T) <= l x t(T), l >= 1, for a dense model's knee as for
+        a MoE's experts).  The fit's knee and slope past the last measured tokens are a guess (a
+        knee beyond the data has no slope to fit: l40s, launches up to 225 verify tokens, predicted
+        (6, 4, 23) at batch 25, 575 tokens, at 1688 tok/s; it ran 1142); this bounds the guess."""
+        t = self.ms(steps, topk, draft, batch, accept, concurrent)
+        if self.max_tokens <= 0:
+            return t
+        tokens = np.asarray(batch, dtype=float) * np.asarray(draft, dtype=float)
+        top = np.full_like(tokens, self.max_tokens)
+        verify = lambda T: self.coef[0] + self.coef[5] * np.maximum(T - self.knee, 0.0) + (
+            self.coef[7] * (1 - np.exp(-T / self.experts)) if self.experts > 0 else 0.0)
+        bound = t - verify(tokens) + verify(top) * tokens / top
+        return np.where(tokens > top, np.maximum(t, bound), t)
 
 
 def _time_rows(ls: list[Launch], level_of) -> list[tuple]:
@@ -312,7 +330,9 @@ def _fit_time(ls: list[Launch], level_of) -> StepTime | None:
         if best is None or loss < best[0] - 1e-12:
             best = (loss, knee, coef, experts)
     loss, knee, coef, experts = best
-    return StepTime(coef, knee, math.sqrt(loss / len(y)), experts)
+    concurrent = a[:, 5] > 0
+    top = float(np.max(a[concurrent, 3] * a[concurrent, 2])) if concurrent.any() else 0.0
+    return StepTime(coef, knee, math.sqrt(loss / len(y)), experts, top)
 
 
 def _expert_scales(ls: list[Launch]) -> tuple[float, ...]:
@@ -816,7 +836,12 @@ class Model:
         # verify cost the features do not hold, say): its error widens every interval.
         base = math.hypot(self.acceptance.spread, self.time.spread, self.fit_error) + 0.02
         sd_single = base + 0.15 * novelty
-        sd_concurrent = sd_single.copy()
+        # Beyond the measured verify tokens the truth lies between the fit and the physical bound
+        # (StepTime.ms_bound): the median between them, the spread covering both.
+        slow = batch * accept / np.maximum(self.time.ms_bound(steps, topk, draft, batch, accept, 1), 1e-3) * 1000
+        unknown = 0.5 * np.log(np.maximum(concurrent, 1e-9) / np.maximum(slow, 1e-9))
+        concurrent = concurrent * np.exp(-unknown)
+        sd_concurrent = np.hypot(sd_single, unknown)
         for i, key in enumerate(zip(steps.tolist(), topk.tolist(), draft.tolist())):
             anchor = self.anchors.get(Shape(int(key[0]), int(key[1]), int(key[2])))
             if anchor is None:
