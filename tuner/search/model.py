@@ -18,6 +18,9 @@ capacity and whether the server starts, each with an uncertainty:
   costs the same while memory-bound and grows linearly past a knee in batch x draft tokens
   (docs/h200-forward-times.md).  Fitted (non-negative least squares, knee on a grid) on
   accept / single_tps at batch 1 and batch x accept / concurrent_tps at the measured level.
+  Beyond the most verify tokens a launch measured, the fit's knee is a guess: a forward's
+  time grows at most in proportion to its tokens (memory- or compute-bound), and the
+  prediction lies between the fit and that bound (`StepTime.ms_bound`).
 - Memory, with what the launches leave unknown (issue #23; `Memory`, `HybridPool`).  KV tokens
   in SGLang's form (a hybrid's state slots and per-draft-token intermediate state per served
   slot, or a line in the fraction with a per-draft-token term); the graph memory of a shape
