@@ -413,3 +413,27 @@ def test_a_tree_beyond_the_measured_verify_tokens_is_not_predicted_faster_than_p
     # Inside the measured tokens nothing changes: a chain keeps the fit's own narrow interval.
     chain = model.predict([2], [1], [3], [0.84])
     assert chain.sd[0, 1] == pytest.approx(chain.sd[0, 0])
+
+
+def test_a_launched_draft_count_knows_its_capacity_at_another_fraction():
+    # The per-draft-token reservation is unknown, but at a draft count already launched the pool
+    # at any fraction follows from its launches: its capacity is as sure as the pool line, and
+    # only other draft counts carry the reservation's doubt.  Counted from zero draft tokens,
+    # family:35's chain, launched only at 4 draft tokens, had a capacity spread of 0.48 at its
+    # own shape, and the reserve probes climbed it five times for one request.
+    trials = []
+    for mfs in (0.80, 0.84):
+        ok, values, attrs = _truth(3, 1, 4, mfs)
+        flags = {"speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4,
+                 "mem_fraction_static": mfs}
+        # A hybrid architecture reserves intermediate state per draft token; its running
+        # requests (48, the declared cap) do not show the state pool, so the form is unfitted.
+        attrs = {**attrs, record.ARCHITECTURE: "Qwen3NextForCausalLM", record.FLAGS: flags}
+        trials.append(optuna.trial.create_trial(values=values, user_attrs=attrs))
+    model, why = M.fit(trials, ["single_tps", "concurrent_tps", "capacity"])
+    assert model is not None, why
+    assert model.memory.hybrid is None and model.memory.beta_hi > model.memory.beta_lo  # the reservation is not known
+    same = model.predict([3, 3], [1, 1], [4, 4], [0.9, 0.76])
+    other = model.predict([7], [1], [8], [0.9])
+    assert same.sd[:, 2].max() <= 0.02, same.sd[:, 2]
+    assert other.sd[0, 2] > same.sd[0, 2]

@@ -880,7 +880,14 @@ class Model:
             grid = np.array([h.solve(rest, draft, i)[0] for i in keep])
             return np.minimum(1.0, np.std(grid, axis=0) / np.maximum(grid.mean(axis=0), 1.0))
         tokens = np.maximum(m.kv_tokens(mfs, draft), 1.0)
-        return np.minimum(1.0, 0.5 * (m.beta_hi - m.beta_lo) * np.asarray(draft, dtype=float) / tokens)
+        # The reservation's range moves KV tokens by what it takes per draft token *beyond* the
+        # draft counts launched: at a launched one the pool at any fraction follows from its
+        # launches (pool_anchor).  Counted from zero, a chain launched only at 4 draft tokens had a
+        # capacity spread of 0.48 at its own shape (family:35, 8-9 requests), and the reserve
+        # probes climbed it five times for one request.
+        draft = np.asarray(draft, dtype=float)
+        beyond = np.min(np.abs(draft[..., None] - np.asarray(m.drafts, dtype=float)), axis=-1) if m.drafts else draft
+        return np.minimum(1.0, 0.5 * (m.beta_hi - m.beta_lo) * beyond / tokens)
 
     def _novelty(self, steps, topk, draft) -> np.ndarray:
         """0 for shapes like measured ones; up to 1 for an unseen topk or far extrapolation."""
