@@ -269,6 +269,11 @@ def _time_features(steps, topk, draft, batch, accept, concurrent, knee, experts=
     ], axis=-1)
 
 
+# The columns of _time_features that depend on nothing but the verify's tokens (batch x draft):
+# the overhead, the compute past the knee and a MoE's expert reads (StepTime.ms_bound scales them).
+_VERIFY_COLUMNS = [0, 5, 7]
+
+
 # Tokens over which a MoE verify touches ~63% of its experts (E / top-k for random routing:
 # 128 experts, top-8 -> 16); 0: a dense model.  Fitted on a grid with the knee.
 _EXPERT_SCALES = (0.0, 8.0, 16.0, 32.0)
@@ -297,10 +302,15 @@ class StepTime:
             return t
         tokens = np.asarray(batch, dtype=float) * np.asarray(draft, dtype=float)
         top = np.full_like(tokens, self.max_tokens)
-        verify = lambda T: self.coef[0] + self.coef[5] * np.maximum(T - self.knee, 0.0) + (
-            self.coef[7] * (1 - np.exp(-T / self.experts)) if self.experts > 0 else 0.0)
-        bound = t - verify(tokens) + verify(top) * tokens / top
+        bound = t - self._verify_ms(tokens) + self._verify_ms(top) * tokens / top
         return np.where(tokens > top, np.maximum(t, bound), t)
+
+    def _verify_ms(self, tokens) -> np.ndarray:
+        """The part of a step's time that is the verify's tokens alone (_VERIFY_COLUMNS), from
+        _time_features itself: a batch of `tokens` one-token requests has the same verify."""
+        ones = np.ones_like(tokens)
+        features = _time_features(ones, ones, ones, tokens, ones, 0 * ones, self.knee, self.experts)
+        return features[..., _VERIFY_COLUMNS] @ self.coef[_VERIFY_COLUMNS]
 
 
 def _time_rows(ls: list[Launch], level_of) -> list[tuple]:

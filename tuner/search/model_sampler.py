@@ -402,17 +402,17 @@ def _excluded(cand: np.ndarray, trials: list[FrozenTrial]) -> np.ndarray:
     failure everything with as many draft tokens at an equal or lower one)."""
     out = _pending(cand, trials)
     keys = [tuple(int(x) for x in row[:3]) + (round(float(row[3]), 6),) for row in cand]
-    done = {c for t in trials if t.state == TrialState.COMPLETE and (c := _config(t)) is not None}
-    out |= np.array([k in done for k in keys], dtype=bool)
-    # A measured shape at a lower fraction is dominated by its measurement: the same draft and
-    # verify steps (single-stream speed), a smaller pool (no more running requests, no larger
-    # batch).  Its throughput spread at another batch is symmetric in the model, so without this
-    # the demo's trials 13-14 re-launched (5, 1, 6) 0.93 -> 0.88 and (1, 1, 2) 0.93 -> 0.92 for
-    # draws above the measured speed that a smaller batch cannot give.
+    # Measured, and a measured shape at a lower fraction: its measurement dominates it (the same
+    # draft and verify steps, so the same single-stream speed; a smaller pool, so no more running
+    # requests and no larger batch).  Its throughput spread at another batch is symmetric in the
+    # model, so without the lower fractions the demo's trials 13-14 re-launched (5, 1, 6)
+    # 0.93 -> 0.88 and (1, 1, 2) 0.93 -> 0.92 for draws above the measured speed that a smaller
+    # batch cannot give.
     highest: dict[tuple, float] = {}
-    for c in done:
-        highest[c[:3]] = max(highest.get(c[:3], 0.0), c[3])
-    out |= np.array([k[3] < highest.get(k[:3], 0.0) - 1e-9 for k in keys], dtype=bool)
+    for t in trials:
+        if t.state == TrialState.COMPLETE and (c := _config(t)) is not None:
+            highest[c[:3]] = max(highest.get(c[:3], 0.0), c[3])
+    out |= np.array([k[:3] in highest and k[3] <= highest[k[:3]] + 1e-9 for k in keys], dtype=bool)
     for t in trials:
         kind = t.user_attrs.get(record.FAILURE_KIND)
         c = _config(t)
