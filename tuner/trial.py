@@ -171,16 +171,20 @@ class TrialRunner:
     def _completed(self, trial: optuna.Trial, spec: LaunchSpec, m: Measurement) -> list[float]:
         self.target.control.poll()  # collect the rest of the log
         self.target.control.stop()  # before any write: a server never waits on the database
+        log = self._server_log(trial)
         record.record_measurement(trial, m)
+        # A started launch's capture too (#23): on 0.5.9, whose memory_usage has no
+        # startup_available, the last runner's "avail mem" is the only figure of what was left.
+        record.record_capture_memory(trial, log)
         c = self.config.constraints
         if c.p99_itl_ms is not None or c.ttft_ms is not None:
             trial.set_user_attr(record.CONSTRAINTS, m.slo_values(p99_itl_ms=c.p99_itl_ms, ttft_ms=c.ttft_ms))
         try:
             values = score(self.objectives, m)
         except MeasureError as exc:  # an objective the server cannot supply (accept length unknown)
-            self._failed(trial, spec, str(exc), state="FAIL")
+            self._failed(trial, spec, str(exc), state="FAIL", log=log)
             raise
-        self._save_log(trial, spec)
+        self._save_log(trial, spec, log)
         self._record_hypervolume(trial, values)
         self._note(trial, "COMPLETE", values)
         return values
@@ -194,7 +198,7 @@ class TrialRunner:
         self.target.control.stop()  # before any write: a server never waits on the database
         record.record_failure(trial, redact(reason, spec.secrets), kind=kind, log_tail=tail)
         record.record_capture_memory(trial, full)  # what was free when the capture failed (#23)
-        self._save_log(trial, spec)
+        self._save_log(trial, spec)  # the whole log: `log` may be a launch error's tail
         self._note(trial, state)
 
     def _measure_failure(self, reason: str) -> str:
@@ -279,10 +283,19 @@ class TrialRunner:
         except Exception as exc:  # a note is a convenience: it must never cost the trial
             self.reporter.warning(f"trial {trial.number}: could not save its dashboard note: {exc}")
 
-    def _save_log(self, trial: optuna.Trial, spec: LaunchSpec) -> None:
+    def _server_log(self, trial: optuna.Trial) -> str | None:
+        """The server's log, or None (said as a warning) when the host cannot give it: a log
+        must never cost a measured trial."""
+        try:
+            return self.target.control.log()
+        except Exception as exc:
+            self.reporter.warning(f"trial {trial.number}: could not read the server log: {exc}")
+            return None
+
+    def _save_log(self, trial: optuna.Trial, spec: LaunchSpec, log: str | None = None) -> None:
         if self.store is None:
             return
         try:
-            artifacts.save_log(self.store, trial, redact(self.target.control.log(), spec.secrets))
+            artifacts.save_log(self.store, trial, redact(self.target.control.log() if log is None else log, spec.secrets))
         except Exception as exc:  # a full disk must not lose the trial's result
             self.reporter.warning(f"trial {trial.number}: could not store the server log: {exc}")

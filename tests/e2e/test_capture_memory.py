@@ -3,11 +3,15 @@ capture lines runner by runner (0.5.23 and 0.5.9 wordings) and the tuner reads t
 
 from __future__ import annotations
 
+import optuna
 import pytest
 
 from sglang_emulator import landscape as L
 from sglang_emulator.profiles import PROFILES
+from tuner.search import model as M
 from tuner.server.diagnose import capture_memory, classify
+
+from ..conftest import run_cli, write_config
 
 pytestmark = pytest.mark.e2e
 
@@ -40,3 +44,22 @@ def test_a_started_launch_logs_every_runner_and_its_batch_sizes(start_emulator):
     assert got["cuda_graph_max_bs"] == 48
     verify = got["runners"]["target_verify"]
     assert verify["avail_before"] - verify["usage"] == pytest.approx(verify["avail_after"], abs=0.011)
+
+
+def test_a_trial_on_sglang_0_5_9_keeps_what_its_capture_left_for_the_model(tmp_path):
+    # 0.5.9's memory_usage has no startup_available: the tuner must keep the capture log's
+    # figures of a launch that started, not only of one that failed, or the model takes the
+    # whole slack as free and climbs into graph OOMs (#23; live on 0.5.9, 3-4 of 10 failed).
+    config = write_config(tmp_path, env='SGLANG_EMULATOR_LOAD_SCALE = "0.005", SGLANG_EMULATOR_TIME_SCALE = "0.25", '
+                                         'SGLANG_EMULATOR_VERSION = "0.5.9"',
+                          space="speculative_num_steps = { choices = [2] }\nmem_fraction_static = { choices = [0.88] }")
+    result = run_cli("--trials", "1", "--config", str(config))
+    assert result.returncode == 0, result.stderr
+    trial = optuna.load_study(study_name="t", storage=f"sqlite:///{tmp_path / 't.db'}").trials[0]
+    assert trial.state == optuna.trial.TrialState.COMPLETE and trial.user_attrs["sglang_version"] == "0.5.9"
+    assert "startup_available" not in trial.user_attrs["memory_usage"]
+    capture = trial.user_attrs["capture_memory"]
+    assert capture["failed_runner"] is None and capture["runners"]
+    left = M.launches([trial], None)[0].memory["startup_available"]
+    assert left == min(r["avail_after"] for r in capture["runners"].values())
+    assert 0 < left < capture["free_before"]

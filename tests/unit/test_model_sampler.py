@@ -437,3 +437,35 @@ def test_a_launched_draft_count_knows_its_capacity_at_another_fraction():
     other = model.predict([7], [1], [8], [0.9])
     assert same.sd[:, 2].max() <= 0.02, same.sd[:, 2]
     assert other.sd[0, 2] > same.sd[0, 2]
+
+
+def test_an_older_sglangs_started_launch_tells_the_model_what_was_left_through_its_capture_log():
+    # 0.5.9's memory_usage has no startup_available and one graph figure; its capture log says,
+    # runner by runner, what was free after each graph.  Read from the log, the same launches
+    # must give the same P(start) as 0.5.23's memory_usage gives; without it the model took the
+    # slack as all free, and 10-trial live studies on 0.5.9 failed 3 and 4 launches of 10
+    # (family:2, family:13) where 0.5.23's failed 1.
+    def launch(steps, mfs, version):
+        ok, values, attrs = _truth(steps, 1, steps + 1, mfs)
+        flags = {"speculative_num_steps": steps, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": steps + 1,
+                 "mem_fraction_static": mfs}
+        usage = dict(attrs[record.MEMORY_USAGE])
+        if version == "0.5.9":
+            left, graphs = usage.pop("startup_available"), usage["graph"]["all"]
+            attrs = {**attrs, record.MEMORY_USAGE: {**usage, "graph": {"all": graphs}},
+                     record.CAPTURE_MEMORY: {"free_before": left + graphs, "failed_runner": None, "cuda_graph_max_bs": 48,
+                                             "runners": {"target_verify": {"avail_before": left + graphs, "usage": graphs - 0.1,
+                                                                           "avail_after": left + 0.1},
+                                                         "draft_extend": {"avail_before": left + 0.1, "usage": 0.1,
+                                                                          "avail_after": left}}}}
+        return optuna.trial.create_trial(values=values, user_attrs={**attrs, record.FLAGS: flags})
+
+    names = ["single_tps", "concurrent_tps", "capacity"]
+    cand = [np.array(v) for v in ([3, 3, 5, 5, 2], [1, 1, 1, 1, 1], [4, 4, 6, 6, 3], [0.9, 0.95, 0.9, 0.95, 0.96])]
+    p = {}
+    for version in ("0.5.23", "0.5.9"):
+        model, why = M.fit([launch(3, 0.80, version), launch(3, 0.84, version)], names)
+        assert model is not None, why
+        p[version] = model.predict(*cand).p_start
+    assert p["0.5.9"] == pytest.approx(p["0.5.23"], abs=0.01), p
+    assert p["0.5.23"].min() < 0.9  # the candidates reach where memory decides

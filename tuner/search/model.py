@@ -97,7 +97,15 @@ class Launch:
 
     @property
     def memory(self) -> dict | None:
-        return self.attrs.get(record.MEMORY_USAGE)
+        """The server's memory_usage; where it has no startup_available (0.5.9's
+        get_internal_state), what the capture log says was left after the last graph (each
+        runner's "avail mem" after it; the least is after the last)."""
+        usage = self.attrs.get(record.MEMORY_USAGE)
+        capture = self.attrs.get(record.CAPTURE_MEMORY) or {}
+        if not usage or usage.get("startup_available") is not None or capture.get("failed_runner") is not None:
+            return usage
+        left = [r["avail_after"] for r in (capture.get("runners") or {}).values() if r.get("avail_after") is not None]
+        return {**usage, "startup_available": min(left)} if left else usage
 
 
 def _shape_of(params: dict) -> Shape | None:
