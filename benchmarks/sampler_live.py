@@ -3,6 +3,7 @@
     python benchmarks/sampler_live.py                      # qwen-demo, llama8b-h100-128k, family:0 x model, edge; 1 seed
     python benchmarks/sampler_live.py --landscapes qwen-demo --samplers model --budgets 4   # a smoke run
     python benchmarks/sampler_live.py --seeds 3 --budgets 10,20 --out /tmp/live
+    python benchmarks/sampler_live.py --sglang-version 0.5.9 --landscapes family:2 --samplers model --budgets 10
 
 The online counterpart of `benchmarks/sampler_benchmark.py`.  That one replays the tuner's trial
 loop with `ask`/`tell` and simulated measurements; this one runs the tuner itself,
@@ -442,8 +443,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--first-seed", type=int, default=0, help="seeds are first-seed .. first-seed + seeds - 1")
     ap.add_argument("--budgets", default="10,20", help="comma list of trial budgets to score; the largest is run")
     ap.add_argument("--timeout", type=float, help=f"seconds per study (default {SECONDS_PER_TRIAL} per trial + 120)")
+    ap.add_argument("--sglang-version", choices=("0.5.23", "0.5.9"), default="0.5.23",
+                    help="the SGLang release the emulator plays (SGLANG_EMULATOR_VERSION): its memory_usage, logs, wordings")
     ap.add_argument("--out", default=str(DEFAULT_OUT), help="output path without extension")
     args = ap.parse_args(argv)
+    if args.sglang_version != "0.5.23":
+        EMULATOR_ENV["SGLANG_EMULATOR_VERSION"] = args.sglang_version
     args.landscapes = args.landscapes.split(",")
     args.samplers = args.samplers.split(",")
     args.budgets = sorted({int(b) for b in args.budgets.split(",")})
