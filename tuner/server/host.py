@@ -74,6 +74,13 @@ def parse_destination(host: str) -> tuple[str | None, str, int]:
 
 _TRANSPORT_ERRORS = (paramiko.SSHException, EOFError, OSError, socket.timeout)
 
+# A session killed while its command runs (sshd restarted, a network drop, `pkill sshd: root@`)
+# often raises nothing: paramiko's Channel.recv_exit_status returns -1 "if no exit status is
+# provided by the server" and Fabric's Remote.returncode passes it on.  A shell exit code is
+# 0-255, so -1 from a remote command means the connection was lost; it is retried like one
+# (a CI run failed a study on `systemctl show ... failed: exit -1` after such a drop).
+_NO_EXIT_STATUS = -1
+
 
 class Shell:
     """Runs shell commands on the target; `sudo=True` prefixes `sudo -n` for non-root users."""
@@ -125,6 +132,8 @@ class Shell:
                     in_stream=io.StringIO(stdin_text) if stdin_text is not None else False,
                     timeout=timeout,
                 )
+                if self.remote and result.exited == _NO_EXIT_STATUS:
+                    raise EOFError("the channel closed before the command's exit status arrived")
                 return Result(result.stdout, result.stderr, result.exited)
             except invoke.CommandTimedOut as exc:
                 raise HostError(f"{self.description}: command timed out after {timeout} s: {command[:80]}") from exc
