@@ -8,6 +8,7 @@ import time
 from tuner.config import TargetConfig
 from tuner.server.control.process import ProcessControl
 from tuner.server.host import connect
+from tuner.server.launch import LaunchSpec
 
 from ..control_contract import ControlContract, wait_for
 
@@ -46,3 +47,37 @@ class TestLocalProcessControl(ControlContract):
         # Our own test process group is never signalled either.
         (state / "server.pid").write_text(str(os.getpgrp()))
         control.stop()
+
+
+def test_a_start_whose_session_dropped_is_not_launched_twice(tmp_path):
+    # Over SSH a session killed under the start command (after nohup forked the server) returns
+    # no exit status, and Shell.run sends the command again on a new connection.  The retry
+    # must find the server already launched: a twin would leave the first holding the port.
+    from tuner.server.host import Shell, _local_context
+
+    class DropsTheFirstStart:
+        def __init__(self):
+            self.inner = _local_context()
+            self.dropped = 0
+
+        def run(self, command, **kwargs):
+            result = self.inner.run(command, **kwargs)
+            if "nohup" in command and not self.dropped:
+                self.dropped += 1
+                result.exited = -1  # what Fabric returns when the channel closed without a status
+            return result
+
+    context = DropsTheFirstStart()
+    shell = Shell(lambda: context, description="ssh test", remote=True, use_sudo=False, backoff_s=0.0)
+    control = ProcessControl(shell, workdir=str(tmp_path / "state"), name="study", stop_timeout_s=5)
+    marker = f"sleep 62.{time.time_ns() % 10**9}"
+    servers = lambda: subprocess.run(["pgrep", "-f", f"^{marker}$"], capture_output=True, text=True).stdout.split()
+    try:
+        with control:
+            control.start(LaunchSpec(argv=("sh", "-c", f"exec {marker}"), env={}))
+            assert context.dropped == 1
+            wait_for(lambda: len(servers()) > 0)
+            assert len(servers()) == 1, f"the retried start launched {len(servers())} servers"
+        wait_for(lambda: not servers(), timeout=15)
+    finally:
+        subprocess.run(["pkill", "-f", marker])  # a twin is no one's to stop

@@ -18,6 +18,7 @@ import logging
 import re
 import shlex
 import time
+import uuid
 from urllib.parse import urlsplit
 
 from tuner.interrupts import deferred
@@ -100,10 +101,15 @@ class ProcessControl(RestoresOnExit):
         inner = f"cd {self._q('')} && exec env {env} {spec.shell_command()}"
         # The wrapper shell waits for the server and records how it ended.
         wrapper = f"sh -c {shlex.quote(inner)}; echo $? > {self._q('exit_code')}"
+        # Once per launch: an SSH session killed under this command returns no exit status, and
+        # Shell.run sends it again on a new connection; the server it had started already must
+        # not get a twin (the first would hold the port and answer for the second).
+        launch_id = uuid.uuid4().hex
         script = (
-            f"rm -f {self._q('exit_code')} && : > {self._q('server.log')} && "
+            f"[ \"$(cat {self._q('launch_id')} 2>/dev/null)\" = {launch_id} ] || "
+            f"{{ rm -f {self._q('exit_code')} && : > {self._q('server.log')} && "
             f"(nohup setsid sh -c {shlex.quote(wrapper)} > {self._q('server.log')} 2>&1 < /dev/null & "
-            f"echo $! > {self._q('server.pid')})"
+            f"echo $! > {self._q('server.pid')}; echo {launch_id} > {self._q('launch_id')}); }}"
         )
         # The launching shell itself carries the marker, so every process of the server's group
         # has it from its fork on: a stop right after the start (a signal at "launching") found
