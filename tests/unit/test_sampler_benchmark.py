@@ -1,6 +1,7 @@
 """benchmarks/sampler_benchmark.py: its ceiling (the best 10-trial set a sampler that knew the
 landscape could pick, greedy hypervolume subset selection after the warm start) and one replayed study."""
 
+import dataclasses
 import importlib.util
 import math
 import sys
@@ -49,3 +50,22 @@ def test_late_trials_take_no_long_shot_for_a_small_gain():
     failed = run["at"][20]["memory_graph"] + run["at"][20]["memory_kv"]
     assert failed <= 1, run["at"][20]
     assert run["at"][20]["hv"] > 0.97
+
+
+def test_a_replayed_0_5_9_launch_reports_what_was_left_only_through_its_capture_log(monkeypatch):
+    # --sglang-version 0.5.9: memory_usage as 0.5.9's get_internal_state has it (no
+    # startup_available, one graph figure); what was left is in the capture log the tuner parses,
+    # and the model reads the same figure from there as from 0.5.23's field.
+    from tuner.search.model import Launch
+
+    lands = B.landscape("family:2")
+    params = dataclasses.replace(lands.base, speculative_num_steps=3, speculative_eagle_topk=1,
+                                 speculative_num_draft_tokens=4, mem_fraction_static=0.85)
+    e = lands.expect(params)
+    new = B._server_attrs(lands, e, params, 0)
+    monkeypatch.setattr(B, "SGLANG_VERSION", "0.5.9")
+    old = B._server_attrs(lands, e, params, 0)
+    assert "startup_available" not in old["memory_usage"] and isinstance(old["memory_usage"]["graph"], float)
+    assert old["capture_memory"]["failed_runner"] is None
+    left = Launch(shape=None, mfs=0.85, state="ok", attrs=old).memory["startup_available"]
+    assert abs(left - new["memory_usage"]["startup_available"]) <= 0.01
