@@ -567,14 +567,17 @@ def _server_attrs(lands: Landscape, e: L.Expectation, p: Params, seed: int) -> d
         "memory_usage": {"weight": round(plan.weights_gib, 2), "kvcache": round(plan.kv_gib + plan.mamba_gib, 2),
                          "startup_available": round(plan.available_after_capture_gib, 2),
                          "token_capacity": plan.max_total_num_tokens,
-                         "graph": {name: round(v, 2) for name, v in plan.graph_gib.items()}},
+                         "graph": {name: round(v, 2) for name, v in plan.graph_gib.items()},
+                         "cuda_graph_max_bs": min(max_bs, 48)},  # /server_info's, kept by record.memory_usage
     }
     if SGLANG_VERSION == "0.5.9":
         attrs["memory_usage"] = {"weight": round(plan.weights_gib, 2), "kvcache": round(plan.kv_gib + plan.mamba_gib, 2),
-                                 "token_capacity": plan.max_total_num_tokens, "graph": round(sum(plan.graph_gib.values()), 2)}
-        lines = capture_lines(spec, plan.graph_gib, plan.capture_bs, plan.available_after_capture_gib + sum(plan.graph_gib.values()),
-                              failed_runner=None, version="0.5.9", elapsed_s=1.0)
-        attrs["capture_memory"] = capture_memory("\n".join(lines))
+                                 "token_capacity": plan.max_total_num_tokens, "graph": round(sum(plan.graph_gib.values()), 2),
+                                 "cuda_graph_max_bs": min(max_bs, 48)}
+    # Every launch's capture log is kept (tuner/trial.py · record_capture_memory), started or not.
+    lines = capture_lines(spec, plan.graph_gib, plan.capture_bs, plan.available_after_capture_gib + sum(plan.graph_gib.values()),
+                          failed_runner=None, version=SGLANG_VERSION, elapsed_s=1.0)
+    attrs["capture_memory"] = capture_memory("\n".join(lines))
     return attrs
 
 

@@ -471,6 +471,11 @@ class Memory:
     # (draft counts, log measured/predicted KV tokens, the same for running requests): the
     # form's residual at the launches, per draft count (pool_anchor).
     pool_anchor: tuple | None = None
+    # SGLang's cuda_graph_max_bs (a server setting, the same for every launch) where /server_info
+    # said it: graphs are captured up to min(it, request slots), so a candidate's graph batch is
+    # capped by it as the launches' were (a 48 GB L40S captures up to 32 of 48 slots; uncapped,
+    # every new shape's graphs looked 1.5x what the measured ones scale to).  None: not shown.
+    graph_max_bs: float | None = None
 
     @property
     def beta(self) -> float:
@@ -499,6 +504,11 @@ class Memory:
         tokens = np.floor(tokens * np.exp(np.interp(d, drafts, r_tokens)))
         running = np.minimum(self.running_cap, np.floor(running * np.exp(np.interp(d, drafts, r_running)) + 1e-6))
         return tokens, running
+
+    def graph_batch(self, running) -> np.ndarray:
+        """The largest batch a launch with `running` request slots captures graphs for."""
+        running = np.maximum(np.asarray(running, dtype=float), 1.0)
+        return running if self.graph_max_bs is None else np.minimum(running, self.graph_max_bs)
 
     def graphs(self, steps, topk, draft, bs) -> np.ndarray:
         return _graph_features(steps, topk, draft, bs) @ self.graph_coef
@@ -728,6 +738,12 @@ def _fit_memory(ls: list[Launch]) -> Memory | None:
     mem = Memory(pre, fixed, 0.0, 0.0, 0.0, cap, slots, coef, other, theta_hi, min(_THETA_MIN * pre, 0.5 * theta_hi),
                  spread + 0.05, {x.shape.topk for x in ok}, {})
     mem.drafts = tuple(sorted({x.shape.draft for x in ok}))
+    # The setting as /server_info reports it (record.memory_usage keeps it).  Not the capture
+    # log's largest batch: below the setting SGLang captures the schedule's sizes up to the
+    # request slots (22 of 23, say), which is no cap on a larger pool (read as one, qwen-demo's
+    # replayed studies failed 1.05 launches in 10 instead of 0.05).
+    setting = [float(m["cuda_graph_max_bs"]) for m in mu if m.get("cuda_graph_max_bs")]
+    mem.graph_max_bs = max(setting) if setting else None
     for x, r in zip(ok, rows):
         mem.max_draft[x.shape.topk] = max(mem.max_draft.get(x.shape.topk, 0), x.shape.draft)
         per_token = r[4] / max(float(graph_tokens(*r[:4])), 1.0)
@@ -781,7 +797,7 @@ def _weigh_graph_failures(mem: Memory, failed: list[Launch]) -> None:
     weights = np.ones((len(_U_GRAPH), len(_U_THETA)))
     seen = []
     for x in failed:
-        bs = float(mem.pool([x.mfs], [x.shape.draft])[1][0]) or 1.0
+        bs = float(mem.graph_batch(mem.pool([x.mfs], [x.shape.draft])[1])[0])
         free = (x.attrs.get(record.CAPTURE_MEMORY) or {}).get("free_before")
         free = float(free) if free is not None else float(mem.free(x.mfs))
         key = (x.shape.steps, x.shape.topk, x.shape.draft)
@@ -885,7 +901,7 @@ class Model:
         sd = np.stack([sd_single, sd_concurrent, 0.01 + 0.02 * novelty + self._kv_novelty(draft, mfs)], axis=1)
         # A shape unlike any launched may need graph memory no launch has shown: between the
         # fit and the upper bound that scales the most memory per graph token seen (Memory).
-        p_start = m.p_graph(steps, topk, draft, mfs, np.maximum(running, 1)) * m.p_kv(mfs, draft)
+        p_start = m.p_graph(steps, topk, draft, mfs, m.graph_batch(running)) * m.p_kv(mfs, draft)
         return Prediction(single, concurrent, capacity, accept, sd, p_start)
 
     def _kv_novelty(self, draft, mfs) -> np.ndarray:
