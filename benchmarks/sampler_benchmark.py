@@ -570,10 +570,10 @@ def _server_attrs(lands: Landscape, e: L.Expectation, p: Params, seed: int) -> d
                          "graph": {name: round(v, 2) for name, v in plan.graph_gib.items()},
                          "cuda_graph_max_bs": min(max_bs, 48)},  # /server_info's, kept by record.memory_usage
     }
-    if SGLANG_VERSION == "0.5.9":
-        attrs["memory_usage"] = {"weight": round(plan.weights_gib, 2), "kvcache": round(plan.kv_gib + plan.mamba_gib, 2),
-                                 "token_capacity": plan.max_total_num_tokens, "graph": round(sum(plan.graph_gib.values()), 2),
-                                 "cuda_graph_max_bs": min(max_bs, 48)}
+    if SGLANG_VERSION == "0.5.9":  # get_internal_state: no startup_available, one graph figure
+        usage = attrs["memory_usage"]
+        del usage["startup_available"]
+        usage["graph"] = round(sum(plan.graph_gib.values()), 2)
     # Every launch's capture log is kept (tuner/trial.py · record_capture_memory), started or not.
     lines = capture_lines(spec, plan.graph_gib, plan.capture_bs, plan.available_after_capture_gib + sum(plan.graph_gib.values()),
                           failed_runner=None, version=SGLANG_VERSION, elapsed_s=1.0)
