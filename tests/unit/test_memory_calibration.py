@@ -134,6 +134,30 @@ def test_after_a_graph_oom_the_next_launch_of_that_shape_is_where_the_upper_boun
     assert p >= 0.9 and mfs <= 0.85, (mfs, p)  # not one step down from 0.90
 
 
+def test_a_failure_only_a_reserve_beyond_the_prior_explains_moves_every_shape_at_that_fraction():
+    # A capture reserve of 12% of the card (9.6 GiB of 80; the prior allows up to 10%): the deep
+    # chain started at 0.80 leaving 12.3 GiB, and a chain inside it failed at 0.85 with 11 GiB
+    # free, where its graphs (at most the started chain's per token: 1.7 GiB) and any reserve
+    # up to 10% fitted.  Before, the failure sat in the prior's last corner and the chains
+    # inside the started one were predicted at P(start) 1.00 at 0.85, 0.84 and 0.85 again (four
+    # failures in a row on a drawn landscape with that reserve).
+    trials = [_dense(8, 1, 9, 0.80, graph=2.7)]
+    assert _p_start(trials, 5, 1, 6, 0.85) > 0.9  # what the prior said
+    trials.append(_failed(5, 1, 6, 0.85, "memory_graph", **{record.CAPTURE_MEMORY: {"free_before": 11.0}}))
+    for shape in ((5, 1, 6), (4, 1, 5), (6, 1, 7), (8, 1, 9)):
+        assert _p_start(trials, *shape, 0.85) < 0.1, shape
+        assert _p_start(trials, *shape, 0.84) < 0.5, shape
+    assert _p_start(trials, 8, 1, 9, 0.80) == pytest.approx(1.0)  # where it started
+
+
+def test_a_failure_the_prior_explains_keeps_the_prior():
+    # The same start, a failure at 0.92 with 5.4 GiB free: graphs and a reserve within 10% of the
+    # memory explain it, so a shape inside the started one at 0.85 (11 GiB free) still starts.
+    trials = [_dense(8, 1, 9, 0.80, graph=2.7),
+              _failed(8, 1, 9, 0.92, "memory_graph", **{record.CAPTURE_MEMORY: {"free_before": 5.4}})]
+    assert _p_start(trials, 5, 1, 6, 0.85) > 0.9
+
+
 # --- what a failed launch's log says -----------------------------------------------------------
 
 def _emulator_failure_log(version):
