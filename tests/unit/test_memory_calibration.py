@@ -150,6 +150,17 @@ def test_a_failure_only_a_reserve_beyond_the_prior_explains_moves_every_shape_at
     assert _p_start(trials, 8, 1, 9, 0.80) == pytest.approx(1.0)  # where it started
 
 
+def test_a_failure_at_the_last_corner_of_the_prior_widens_the_reserve():
+    # The deep chain started at 0.80 leaving 12.3 GiB; a first tree failed at 0.83 with 11.8 GiB
+    # free, which only its graphs' upper bound (3.9 GiB) plus a reserve of the prior's full 10%
+    # (8 GiB) explain.  Read that way the next tree, one fraction step down, fits at P(start)
+    # 1.00 (family:0 with a 12% reserve: (5, 2, 8) at 0.83, then (5, 2, 10) at 0.82, both failed).
+    trials = [_dense(8, 1, 9, 0.80, graph=2.7),
+              _failed(5, 2, 8, 0.83, "memory_graph", **{record.CAPTURE_MEMORY: {"free_before": 11.8}})]
+    assert _p_start(trials, 5, 2, 10, 0.82) < 0.5
+    assert _p_start(trials, 8, 1, 9, 0.80) == pytest.approx(1.0)
+
+
 def test_a_failure_the_prior_explains_keeps_the_prior():
     # The same start, a failure at 0.92 with 5.4 GiB free: graphs and a reserve within 10% of the
     # memory explain it, so a shape inside the started one at 0.85 (11 GiB free) still starts.

@@ -26,7 +26,8 @@ capacity and whether the server starts, each with an uncertainty:
   slot, or a line in the fraction with a per-draft-token term); the graph memory of a shape
   between the linear fit on the per-runner graph GiB and an upper bound scaling the most GiB per
   graph token seen; the reserve a capture needs beyond what it reports between none and the
-  least `startup_available` a launch started with (at most 10% of the memory).  P(start) is the share of those
+  least `startup_available` a launch started with (a prior of at most 10% of the memory, widened
+  when only a larger reserve explains the failures).  P(start) is the share of those
   grids under which the launch fits; every memory failure keeps only the grid points under which
   it would have failed (a graph OOM needed more than the capture log's free memory).
 
@@ -838,7 +839,7 @@ def _failure_weights(mem: Memory, failed: list[Launch]) -> tuple[np.ndarray, int
         # grows with them), whose graphs that start bounds: there the reserve is.
         inside = any(key[0] <= s and key[1] <= k and key[2] <= d for s, k, d in mem.measured)
         floor = free - mem.theta_hi
-        if floor > hi[0] + mem.spread and key not in mem.measured and not inside:
+        if floor > hi[0] + mem.spread and not inside:  # a started shape is inside itself
             mem.floors[key] = max(mem.floors.get(key, 0.0), floor)
             mem.hi_scale = max(mem.hi_scale, floor / max(hi[0], 1e-6))
             lo, hi = mem.graph_range([key[0]], [key[1]], [key[2]], [bs])
