@@ -161,6 +161,19 @@ def test_a_failure_at_the_last_corner_of_the_prior_widens_the_reserve():
     assert _p_start(trials, 8, 1, 9, 0.80) == pytest.approx(1.0)
 
 
+def test_a_failure_in_the_priors_last_tenth_leaves_a_larger_reserve_possible():
+    # family:7 with a 12% reserve: the chain (3, 1, 4) started at 0.83 and failed at 0.90 and
+    # 0.88 (7.9 GiB free, its graphs 0.62 GiB: a reserve above 7.3 GiB, the prior's last 9%).
+    # The prior alone then put the chain inside it, (2, 1, 3) at 0.87, at P(start) 1.00 (it
+    # failed); a reserve beyond the prior explains the failures as well and keeps its share.
+    trials = [_dense(3, 1, 4, 0.83, graph=0.62),
+              _failed(3, 1, 4, 0.90, "memory_graph", **{record.CAPTURE_MEMORY: {"free_before": 7.0}}),
+              _failed(3, 1, 4, 0.88, "memory_graph", **{record.CAPTURE_MEMORY: {"free_before": 7.9}})]
+    assert _p_start(trials, 2, 1, 3, 0.87) < 0.9
+    assert _p_start(trials, 2, 1, 3, 0.86) > _p_start(trials, 2, 1, 3, 0.87)
+    assert _p_start(trials, 3, 1, 4, 0.83) == pytest.approx(1.0)  # where it started
+
+
 def test_a_failure_the_prior_explains_keeps_the_prior():
     # The same start, a failure at 0.92 with 5.4 GiB free: graphs and a reserve within 10% of the
     # memory explain it, so a shape inside the started one at 0.85 (11 GiB free) still starts.

@@ -52,6 +52,22 @@ def test_late_trials_take_no_long_shot_for_a_small_gain():
     assert run["at"][20]["hv"] > 0.97
 
 
+def test_after_two_failed_launches_the_study_takes_no_long_shot(monkeypatch):
+    # family:7 drawn with a 12% capture reserve (beyond the model's 10% prior): every fraction
+    # above the warm start's 0.83 fails.  Each reserve probe above it was an honest P(start)
+    # 0.6-0.7 and failed, four failed launches in 10 on every seed; after two the study's trust
+    # is spent and no launch is a long shot.
+    monkeypatch.setattr(B, "CAPTURE_RESERVE", 0.12)
+    monkeypatch.setattr(B, "_CACHE", {})
+    run = B.simulate("family:7", "auto: model (--sampler model) (DEFAULT)", seed=0, n_trials=10)
+    failed = 0
+    for p_start, started, number in sorted(run["p_start"], key=lambda call: call[2]):
+        if failed >= 2:
+            assert p_start >= 0.9, (number, p_start, run["p_start"])
+        failed += not started
+    assert failed <= 3, run["p_start"]
+
+
 def test_a_replayed_0_5_9_launch_reports_what_was_left_only_through_its_capture_log(monkeypatch):
     # --sglang-version 0.5.9: memory_usage as 0.5.9's get_internal_state has it (no
     # startup_available, one graph figure); what was left is in the capture log the tuner parses,

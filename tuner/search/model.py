@@ -26,8 +26,8 @@ capacity and whether the server starts, each with an uncertainty:
   slot, or a line in the fraction with a per-draft-token term); the graph memory of a shape
   between the linear fit on the per-runner graph GiB and an upper bound scaling the most GiB per
   graph token seen; the reserve a capture needs beyond what it reports between none and the
-  least `startup_available` a launch started with (a prior of at most 10% of the memory, widened
-  when only a larger reserve explains the failures).  P(start) is the share of those
+  least `startup_available` a launch started with (a prior of at most 10% of the memory, and
+  beyond it as far as the failures' odds say).  P(start) is the share of those
   grids under which the launch fits; every memory failure keeps only the grid points under which
   it would have failed (a graph OOM needed more than the capture log's free memory).
 
@@ -41,7 +41,7 @@ Pure numpy/scipy on `FrozenTrial`s; nothing here knows the emulator.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from optuna.trial import FrozenTrial, TrialState
@@ -483,6 +483,10 @@ class Memory:
     # capped by it as the launches' were (a 48 GB L40S captures up to 32 of 48 slots; uncapped,
     # every new shape's graphs looked 1.5x what the measured ones scale to).  None: not shown.
     graph_max_bs: float | None = None
+    # A reserve beyond the prior (between its 10% and theta_data, no graph floors) and its
+    # posterior share of P(start), once graph OOMs left it and the prior weight (_weigh_graph_failures).
+    beyond: "Memory | None" = None
+    beyond_share: float = 0.0
 
     @property
     def beta(self) -> float:
@@ -544,7 +548,13 @@ class Memory:
         return lo, hi
 
     def p_graph(self, steps, topk, draft, mfs, bs) -> np.ndarray:
-        """P(the graphs fit): over the weighted (graph, theta) grid."""
+        """P(the graphs fit): over the weighted (graph, theta) grid, mixed with the one beyond the prior."""
+        own = self._p_graph(steps, topk, draft, mfs, bs)
+        if self.beyond is None:
+            return own
+        return (1 - self.beyond_share) * own + self.beyond_share * self.beyond._p_graph(steps, topk, draft, mfs, bs)
+
+    def _p_graph(self, steps, topk, draft, mfs, bs) -> np.ndarray:
         lo, hi = self.graph_range(steps, topk, draft, bs)
         room = self.free(mfs)
         edges = self._theta(np.arange(len(_U_THETA) + 1) / len(_U_THETA))
@@ -560,11 +570,13 @@ class Memory:
         return self.theta_lo + (self.theta_hi - self.theta_lo) * np.asarray(u)
 
     def theta_range(self, q: float = 0.1) -> tuple[float, float]:
-        """The reserve's q and 1 - q quantiles under the launches' weights (GiB)."""
-        marginal = self.weights.sum(axis=0)
-        cum = np.cumsum(marginal) / marginal.sum()
-        theta = self._theta(_U_THETA)
-        return float(theta[np.searchsorted(cum, q)]), float(theta[min(np.searchsorted(cum, 1 - q), len(theta) - 1)])
+        """The reserve's q and 1 - q quantiles under the launches' weights (GiB), over both ranges."""
+        parts = [(self, 1 - self.beyond_share)] + ([(self.beyond, self.beyond_share)] if self.beyond is not None else [])
+        theta = np.concatenate([m._theta(_U_THETA) for m, _ in parts])
+        mass = np.concatenate([share * m.weights.sum(axis=0) / m.weights.sum() for m, share in parts])
+        order = np.argsort(theta, kind="stable")
+        theta, cum = theta[order], np.cumsum(mass[order]) / mass.sum()
+        return float(theta[min(np.searchsorted(cum, q), len(theta) - 1)]), float(theta[min(np.searchsorted(cum, 1 - q), len(theta) - 1)])
 
     def reserved_drafts(self, draft, flatten: float = _FLATTEN[1]) -> np.ndarray:
         """Draft tokens as the reservation counts them: beyond the largest started draft count
@@ -803,21 +815,29 @@ def _weigh_graph_failures(mem: Memory, failed: list[Launch]) -> None:
     failure needed more than what was free (the capture log's figure when it has one).
 
     The reserve's prior range (up to 10% of the memory) is a prior, not a bound: the starts
-    allow up to theta_data.  When they do, the failures are weighed under both ranges and the
-    wide one is taken where it explains them better by more than the prior odds against it
-    (_BEYOND_PRIOR; a graph floor, an explanation the bounds did not foresee, costs the same
-    odds).  Before, the failures were explained by the narrow range's last corner or set aside,
-    and P(start) went back to 0.95-1.00: on drawn landscapes whose capture reserve is 12% of
-    the card, 10-trial studies failed 6-8 launches, four in a row on chains inside the one
-    started (`benchmarks/sampler_benchmark.py --capture-reserve 0.12`)."""
+    allow up to theta_data.  Once a graph OOM is seen, the failures are also weighed under a
+    reserve beyond the prior (between its 10% and theta_data, no graph floors; Memory.beyond),
+    and the two are mixed by their posterior odds: beyond the prior starts at odds
+    _BEYOND_PRIOR, and a graph floor, an explanation the bounds did not foresee, costs the same.
+    Keeping only the likelier of the two said what the model did not know: a failure in the
+    prior's last 9% (family:7 with a 12% reserve: (3, 1, 4) failed at 0.88 with 7.75 GiB free,
+    its graphs 0.62 GiB) left the prior ahead, and the chain inside it, (2, 1, 3) at 0.87, was
+    predicted at P(start) 1.00 and failed; mixed, beyond the prior holds 37% and P is 0.66.
+    Before the wider range existed, the failures sat in the prior's corner or were set aside,
+    and P went back to 0.95-1.00: 6-8 failed launches in 10, four in a row on chains inside the
+    one started (`benchmarks/sampler_benchmark.py --capture-reserve 0.12`)."""
     mem.weights, floors = _failure_weights(mem, failed)
     if failed and mem.theta_data > mem.theta_hi:
-        narrow = (mem.theta_hi, dict(mem.floors), mem.hi_scale, mem.weights)
-        odds_narrow = mem.weights.mean() * _BEYOND_PRIOR ** floors
-        mem.theta_hi, mem.floors, mem.hi_scale = mem.theta_data, {}, 1.0
-        mem.weights, floors = _failure_weights(mem, failed)
-        if mem.weights.mean() * _BEYOND_PRIOR ** (floors + 1) <= odds_narrow:
-            mem.theta_hi, mem.floors, mem.hi_scale, mem.weights = narrow
+        beyond = replace(mem, theta_lo=mem.theta_hi, theta_hi=mem.theta_data, floors={}, hi_scale=1.0, beyond=None)
+        beyond.weights, beyond_floors = _failure_weights(beyond, failed)
+        odds_prior = (1 - _BEYOND_PRIOR) * mem.weights.mean() * _BEYOND_PRIOR ** floors
+        odds_beyond = _BEYOND_PRIOR * beyond.weights.mean() * _BEYOND_PRIOR ** beyond_floors
+        share = odds_beyond / (odds_beyond + odds_prior) if odds_beyond > 0 else 0.0
+        if share >= 1 - 1e-9:  # the prior's range cannot explain them at all
+            mem.theta_lo, mem.theta_hi, mem.floors, mem.hi_scale, mem.weights = (
+                beyond.theta_lo, beyond.theta_hi, beyond.floors, beyond.hi_scale, beyond.weights)
+        elif share > 1e-3:
+            mem.beyond, mem.beyond_share = beyond, share
     if mem.weights.sum() < 1e-6:  # the failures contradict the bounds: forget them rather than divide by zero
         mem.weights = np.ones_like(mem.weights)
 
