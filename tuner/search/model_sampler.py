@@ -22,8 +22,10 @@ No model yet (nothing completed): the warm start's shape, or else the deepest ch
 acceptance by depth gives every shallower chain's), at a safe fraction: the command's own, or
 55% up the range, and lower after each graph OOM.  A shape's first start goes where P(start)
 >= 0.9 (a shape no larger than a started one in steps, topk and draft is no first start,
-`_inside`); a failed launch has a price (`_FAILURE_PRICE`), paid with 1 - P(start).  While
-the unreported reserve is uncertain, a reserve probe (`_reserve_probe`) raises a measured shape,
+`_inside`); a failed launch has a price (`_FAILURE_PRICE`), paid with 1 - P(start), which
+doubles with each memory failure from a study's second (`_PRICE_GROWTH`).  While
+the unreported reserve is uncertain (and the study has failed fewer than two launches), a
+reserve probe (`_reserve_probe`) raises a measured shape,
 and a climb is worth what the whole front would gain (`_climb_gain`); once it is
 known, a climb is worth its own gain.  Where the model cannot be fitted (no memory_usage from the server, SLO
 constraints, objectives it does not predict), it falls back to the default sampler and says so
