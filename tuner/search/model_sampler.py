@@ -306,19 +306,20 @@ _CLIMB_P = 0.7
 _FAILURE_PRICE = 0.02
 # An operator's trust is spent by failures, not by launches: one failure is the price of finding
 # the edge, each further one multiplies the price of the next by _PRICE_GROWTH, and after
-# _PROBE_FAILURES no launch is a reserve probe.  (Doubling from the first failure cost family:0
-# 0.7 points of HV at 10 launches, its worst seed 94.8 -> 91.8%: its one failure is a probe's.)  Without it, a study whose warm start sat at its edge (drawn landscapes with a
-# 12% capture reserve: every fraction above the warm start's failed) probed one step lower
-# after each failure, at an honest P(start) 0.6-0.7, four times in ten launches.
+# _PROBE_FAILURES no launch is a reserve probe.  Without it, a study whose warm start sat at its
+# edge (drawn landscapes with a 12% capture reserve: every fraction above the warm start's
+# failed) probed one step lower after each failure, at an honest P(start) 0.6-0.7, four times in
+# ten launches.  Doubling from the first failure cost family:0 0.7 points of HV at 10 launches
+# (its worst seed 94.8 -> 91.8%): its one failure is a probe's.
 _PRICE_GROWTH = 2.0
 _PROBE_FAILURES = 2
 _RESERVE_KNOWN = 0.02  # the reserve's 10-90% range, as a share of the memory, below which it is known
 
 
 def _failed_launches(trials: list[FrozenTrial]) -> int:
-    """Launches of the study that failed for memory (not the ones history.check ruled out unlaunched)."""
-    return sum(1 for t in trials if t.user_attrs.get(record.FAILURE_KIND) in ("memory_graph", "memory_runtime", "memory_kv")
-               and t.user_attrs.get(record.RULED_OUT_BY) is None)
+    """Launches of the study that failed for memory (model.launches: not the duplicates or the
+    configurations history.check ruled out unlaunched)."""
+    return sum(1 for x in M.launches(trials, None) if x.state not in ("ok", "other"))
 
 
 def _reserve_uncertain(model: M.Model) -> bool:
