@@ -554,10 +554,9 @@ def _depth_distribution(lands: Landscape, p: Params) -> list[float]:
 PROBE_STEPS = 1000
 
 
-def _server_attrs(lands: Landscape, e: L.Expectation, p: Params, seed: int) -> dict[str, Any]:
-    """The user attrs a real trial records besides its values (tuner/results/record.py), as the
-    emulator's server would report them: KV tokens, running requests, accept length, the accept
-    histogram (multinomial over PROBE_STEPS verify steps), `memory_usage`, the level."""
+def _plan(lands: Landscape, p: Params) -> tuple[M.SpecShape, int, "M.MemoryPlan"]:
+    """(spec, cuda_graph_max_bs, memory plan) of a launch as landscape.expect sizes it; raises
+    M.MemoryFailure where it does not start."""
     prof = lands.profile
     chunk, max_bs = M.default_graph_settings(prof.gpu.total_mib, prof.reference_tp)
     spec = M.SpecShape(lands.spec.algorithm, p.speculative_num_steps, p.speculative_eagle_topk or 1,
@@ -565,6 +564,15 @@ def _server_attrs(lands: Landscape, e: L.Expectation, p: Params, seed: int) -> d
     plan = M.size_memory(prof, tp=prof.reference_tp, dp=1, mem_fraction_static=p.mem_fraction_static, spec=spec,
                          max_running_requests=48, max_total_tokens=None, chunked_prefill_size=chunk,
                          cuda_graph_max_bs=min(max_bs, 48))
+    return spec, min(max_bs, 48), plan
+
+
+def _server_attrs(lands: Landscape, e: L.Expectation, p: Params, seed: int) -> dict[str, Any]:
+    """The user attrs a real trial records besides its values (tuner/results/record.py), as the
+    emulator's server would report them: KV tokens, running requests, accept length, the accept
+    histogram (multinomial over PROBE_STEPS verify steps), `memory_usage`, the level."""
+    prof = lands.profile
+    spec, graph_max_bs, plan = _plan(lands, p)
     k = _key(p)
     rng = np.random.default_rng([seed, 104729, k[0] or 0, k[1] or 0, k[2] or 0, int(round((k[3] or 0) * 1e4))])
     dist = np.clip(_depth_distribution(lands, p), 0, None)
@@ -582,7 +590,7 @@ def _server_attrs(lands: Landscape, e: L.Expectation, p: Params, seed: int) -> d
                          "startup_available": round(plan.available_after_capture_gib, 2),
                          "token_capacity": plan.max_total_num_tokens,
                          "graph": {name: round(v, 2) for name, v in plan.graph_gib.items()},
-                         "cuda_graph_max_bs": min(max_bs, 48)},  # /server_info's, kept by record.memory_usage
+                         "cuda_graph_max_bs": graph_max_bs},  # /server_info's, kept by record.memory_usage
     }
     if SGLANG_VERSION == "0.5.9":  # get_internal_state: no startup_available, one graph figure
         usage = attrs["memory_usage"]
@@ -676,12 +684,7 @@ def _jittered_out(lands: Landscape, p: Params, seed: int) -> bool:
     than the profile says, runs out: its margin is what the plan leaves beyond the graphs and
     the reserve (available after capture, less the non-torch memory the capture also holds)."""
     prof = lands.profile
-    chunk, max_bs = M.default_graph_settings(prof.gpu.total_mib, prof.reference_tp)
-    spec = M.SpecShape(lands.spec.algorithm, p.speculative_num_steps, p.speculative_eagle_topk or 1,
-                       p.speculative_num_draft_tokens or p.speculative_num_steps + 1)
-    plan = M.size_memory(prof, tp=prof.reference_tp, dp=1, mem_fraction_static=p.mem_fraction_static, spec=spec,
-                         max_running_requests=48, max_total_tokens=None, chunked_prefill_size=chunk,
-                         cuda_graph_max_bs=min(max_bs, 48))
+    _, _, plan = _plan(lands, p)
     reserve = prof.memory.capture_reserve_frac * prof.gpu.total_mib / 1024
     margin = plan.available_after_capture_gib - prof.memory.non_torch_gib - reserve
     k = _key(p)
@@ -702,23 +705,14 @@ def _predicted_p_start(study: optuna.Study, number: int) -> float | None:
 def _failure_attrs(lands: Landscape, p: Params) -> dict[str, Any]:
     """What a failed launch's log says about memory (tuner/server/diagnose.py · capture_memory):
     for a graph OOM, the free memory before the first graph and the runner that failed."""
-    prof = lands.profile
-    chunk, max_bs = M.default_graph_settings(prof.gpu.total_mib, prof.reference_tp)
-    spec = M.SpecShape(lands.spec.algorithm, p.speculative_num_steps, p.speculative_eagle_topk or 1,
-                       p.speculative_num_draft_tokens or p.speculative_num_steps + 1)
     try:
-        M.size_memory(prof, tp=prof.reference_tp, dp=1, mem_fraction_static=p.mem_fraction_static, spec=spec,
-                      max_running_requests=48, max_total_tokens=None, chunked_prefill_size=chunk,
-                      cuda_graph_max_bs=min(max_bs, 48))
+        _, _, plan = _plan(lands, p)
     except M.MemoryFailure as failure:
         if failure.phase != "graph":
             return {}
         return {"capture_memory": {"free_before": round(failure.avail_gib, 2), "runners": {}, "failed_runner": "target_verify",
                                    "cuda_graph_max_bs": None}}
     # The plan fits: a launch --memory-jitter ran out of memory, with what the plan had free before the first graph.
-    plan = M.size_memory(prof, tp=prof.reference_tp, dp=1, mem_fraction_static=p.mem_fraction_static, spec=spec,
-                         max_running_requests=48, max_total_tokens=None, chunked_prefill_size=chunk,
-                         cuda_graph_max_bs=min(max_bs, 48))
     free_before = plan.available_after_capture_gib + sum(plan.graph_gib.values())
     return {"capture_memory": {"free_before": round(free_before, 2), "runners": {}, "failed_runner": "target_verify",
                                "cuda_graph_max_bs": None}}
