@@ -712,6 +712,8 @@ def _failure_attrs(lands: Landscape, p: Params) -> dict[str, Any]:
             return {}
         return {"capture_memory": {"free_before": round(failure.avail_gib, 2), "runners": {}, "failed_runner": "target_verify",
                                    "cuda_graph_max_bs": None}}
+    if not MEMORY_JITTER:  # infeasible for another reason than memory: its log says nothing about it
+        return {}
     # The plan fits: a launch --memory-jitter ran out of memory, with what the plan had free before the first graph.
     free_before = plan.available_after_capture_gib + sum(plan.graph_gib.values())
     return {"capture_memory": {"free_before": round(free_before, 2), "runners": {}, "failed_runner": "target_verify",

@@ -420,7 +420,7 @@ _BEYOND_PRIOR = 0.05
 # A launch's need is one figure for every launch only on a deterministic server.  When the
 # graph OOMs cannot all be explained with the starts (a shape inside one that started at the same
 # fraction failed), the memory varies from launch to launch by at least this much, as shares of
-# the memory (doubling; beyond the last the failures are set aside).
+# the memory (doubling; if even the last leaves no weight, the failures are set aside as before).
 _LAUNCH_NOISE = (0.0025, 0.005, 0.01, 0.02, 0.04)
 _CONTRADICTION = 1e-3  # no (graph, reserve) combination gives every failure this likelihood
 _UNSEEN_TREE = 1.5  # a first tree's graphs per graph token, up to 1.5x a chain's (FlashInfer's index buffers)
@@ -495,7 +495,7 @@ class Memory:
     beyond_share: float = 0.0
     # GiB std by which one launch's need differs from another's at the same configuration (the
     # allocator, NCCL's and cuBLAS's workspaces): 0 until failures contradict the starts, then
-    # the least of _LAUNCH_NOISE under which they do not (_weigh_graph_failures).
+    # the least of _LAUNCH_NOISE under which they do not (_infer_launch_noise).
     launch_noise: float = 0.0
 
     @property
