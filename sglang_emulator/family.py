@@ -20,7 +20,8 @@ from typing import Any
 from .model import MiB, Profile
 from .profiles import PROFILES, profile_from_dict
 
-__all__ = ["FAMILY_BASE", "KV_SHAPES", "VOCABS", "CONTEXTS", "RANGES", "draw_overrides", "draw_profile"]
+__all__ = ["FAMILY_BASE", "KV_SHAPES", "VOCABS", "CONTEXTS", "RANGES", "draw_overrides", "draw_profile",
+           "TP4_PREFIX", "TP4_SETUPS", "TP4_RANGES", "draw_tp4_overrides", "draw_tp4_profile"]
 
 FAMILY_BASE = "llama-3.1-8b-h100-128k"
 
@@ -187,3 +188,159 @@ def draw_profile(seed: int) -> Profile:
     """One drawn landscape's profile (deterministic per seed)."""
     return profile_from_dict(draw_overrides(seed))
 
+
+
+# --- Four GPUs ------------------------------------------------------------------------------
+#
+# Issue #23: the checks that found the cascade ran on one GPU and on four.  This family is drawn
+# around real four-GPU set-ups (tp 4), so the tuner is also judged on a server whose weights,
+# KV heads, NCCL buffers and MoE experts are split four ways, on cards of other sizes.  The
+# set-ups' figures come from each model's config.json (layers, KV heads, head_dim, vocab,
+# experts) and the GPUs' data sheets; the drawn ranges are the 1-GPU family's where the
+# physics is the same, and their own (named TP4_RANGES) where tp 4 changes it.
+
+TP4_PREFIX = "tp4"
+
+
+@dataclass(frozen=True)
+class Tp4Setup:
+    """One real model on four GPUs of one kind.  Sizes are the whole model's."""
+
+    model: str
+    architecture: str
+    weights_gb: float  # checkpoint size (bf16 unless the name says FP8)
+    layers: int  # full-attention layers (a hybrid's others hold a recurrent state instead)
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    context: int  # max_position_embeddings
+    gpu: str  # a key of TP4_GPUS
+    moe_experts: int = 0
+    moe_top_k: int = 0
+    active_share: float = 1.0  # weights one token streams / all weights (MoE)
+    hybrid: bool = False
+
+
+TP4_GPUS: dict[str, dict[str, Any]] = {
+    # name, nvidia-smi total MiB, HBM TB/s, NVLink (True) or PCIe all-reduce
+    "H100": {"name": "NVIDIA H100 80GB HBM3", "total_mib": 81_559, "tb_s": 3.35, "nvlink": True},
+    "H200": {"name": "NVIDIA H200", "total_mib": 143_771, "tb_s": 4.8, "nvlink": True},
+    "RTX PRO 6000": {"name": "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "total_mib": 97_887,
+                     "tb_s": 1.79, "nvlink": False},
+}
+TP4_SETUPS: tuple[Tp4Setup, ...] = (
+    Tp4Setup("Llama-3.1-70B-Instruct", "LlamaForCausalLM", 141.1, 80, 8, 128, 128_256, 131_072, "H100"),
+    Tp4Setup("Llama-3.1-70B-Instruct", "LlamaForCausalLM", 141.1, 80, 8, 128, 128_256, 131_072, "H200"),
+    Tp4Setup("Qwen2.5-72B-Instruct", "Qwen2ForCausalLM", 145.4, 80, 8, 128, 152_064, 32_768, "H100"),
+    # 235B parameters in FP8, 22B active: 128 experts, top 8.
+    Tp4Setup("Qwen3-235B-A22B-FP8", "Qwen3MoeForCausalLM", 236.0, 94, 4, 128, 151_936, 40_960, "H200",
+             moe_experts=128, moe_top_k=8, active_share=22 / 235),
+    # Hybrid: 12 of 48 layers keep full attention (2 KV heads x 256); 512 experts, top 10, 3B active.
+    Tp4Setup("Qwen3-Next-80B-A3B-Instruct", "Qwen3NextForCausalLM", 162.0, 12, 2, 256, 151_936, 262_144, "H100",
+             moe_experts=512, moe_top_k=10, active_share=3 / 80, hybrid=True),
+    # The seed's model on the seed's cards.
+    Tp4Setup("Qwen3.5-122B-A10B", "Qwen3_5MoeForConditionalGeneration", 244.0, 12, 2, 256, 248_320, 262_144,
+             "RTX PRO 6000", moe_experts=256, moe_top_k=8, active_share=10 / 122, hybrid=True),
+)
+TP4_RANGES: dict[str, tuple[float, float, str]] = {
+    "non_torch_gib": (1.0, 3.0, "NCCL communicators and custom all-reduce buffers at tp 4, cuBLAS workspaces "
+                                "(the seed's profile assumes 2.0)"),
+    "allreduce_us": (6.0, 12.0, "one all-reduce of a decode batch over NVLink (PCIe: x3), two per layer"),
+    "bandwidth_share": (0.65, 0.95, "achieved HBM bandwidth over the data sheet's"),
+    "mamba_state_mib": (10.0, 70.0, "hybrid: one slot's recurrent state per GPU at tp 4 (the seed's is 67 MiB)"),
+}
+
+
+def draw_tp4_overrides(seed: int) -> dict[str, Any]:
+    """A four-GPU landscape as `profile_from_dict` overrides (deterministic per seed); drawn
+    from its own stream, so the 1-GPU family's seeds keep their values."""
+    rng = random.Random(f"{TP4_PREFIX}:{seed}")
+
+    def u(name: str) -> float:
+        low, high, _ = TP4_RANGES[name] if name in TP4_RANGES else RANGES[name]
+        return rng.uniform(low, high)
+
+    setup = rng.choice(TP4_SETUPS)
+    gpu = TP4_GPUS[setup.gpu]
+    tp = 4
+    context_mib = int(u("context_mib"))
+    non_torch = u("non_torch_gib")
+    bandwidth = gpu["tb_s"] * u("bandwidth_share") * 1e12 / 1e3  # bytes per ms
+    allreduce_ms = u("allreduce_us") / 1000 * (1 if gpu["nvlink"] else 3)
+    knee = u("knee_tokens")
+    attn_factor = u("attn_factor")
+    penalty = u("flashinfer_penalty")
+    draft_stream_factor = u("draft_stream_factor")
+    overhead = u("iteration_overhead_ms")
+    draft_graph = u("draft_graph_mib_per_token")
+    acceptance = {name: u(name) for name in ("first", "depth_decay", "second_share", "temperature_slope", "prompt_spread", "degenerate")}
+    weights_gib = setup.weights_gb * 1e9 / tp / 2**30
+    full_stream_ms = weights_gib * 2**30 / bandwidth
+    cell = setup.layers * setup.kv_heads * setup.head_dim * 2 * 2
+    cell_per_gpu = cell / setup.kv_heads * math.ceil(setup.kv_heads / tp)
+    # Decode/verify graph per graph token: fp32 logits of the whole vocabulary (gathered on every
+    # rank) plus the hidden-state activations the 8B base carries beyond its own logits.
+    activations_mib = PROFILES[FAMILY_BASE].memory.graph_mib_per_token - 128_256 * 4 / MiB
+    active_params = setup.weights_gb * 1e9 / 2 * setup.active_share  # bf16 bytes -> parameters
+    out: dict[str, Any] = {
+        "base": FAMILY_BASE,
+        "key": f"drawn-tp4-{seed}",
+        "model_names": [],
+        "architecture": setup.architecture,
+        "reference_tp": tp,
+        "context_len": setup.context,
+        "gpu": {"name": gpu["name"], "total_mib": gpu["total_mib"], "context_mib": context_mib},
+        "memory": {
+            "weights_gib": round(weights_gib, 4),
+            "draft_weights_gib": 0.65,  # one decoder layer and a 32k-vocab head, split four ways (as dense-70b-tp4)
+            "kv_cell_bytes": cell,
+            "kv_heads": setup.kv_heads,
+            "draft_kv_fraction": 1 / max(setup.layers, 1),
+            "non_torch_gib": round(non_torch, 4),
+            "graph_mib_per_token": round(setup.vocab * 4 / MiB + activations_mib, 4),
+            "draft_graph_mib_per_token": round(draft_graph, 4),
+        },
+        "timing": {
+            "fixed_ms": round(2 * (setup.layers if not setup.hybrid else 4 * setup.layers) * allreduce_ms, 4),
+            "stream_ms": round(full_stream_ms * setup.active_share, 4),
+            "knee_tokens": round(knee, 2),
+            "attn_ms_per_ktoken": round(cell_per_gpu * 1024 / bandwidth * attn_factor, 5),
+            "flashinfer_penalty": round(penalty, 4),
+            "iteration_overhead_ms": round(overhead, 4),
+            "prefill_ms_per_token": round(2 * active_params / tp / 400e12 * 1e3, 5),  # ~400 TFLOP/s achieved
+        },
+        "draft_timing": {"stream_ms": round(0.5 * draft_stream_factor, 4)},
+        "acceptance": {k: round(v, 4) for k, v in acceptance.items()},
+        "notes": [f"tp 4 drawn with seed {seed}: {setup.model} on 4x {setup.gpu}, vocab {setup.vocab}, context {setup.context}"],
+    }
+    if setup.moe_experts:
+        out["timing"].update(moe_full_stream_ms=round(full_stream_ms, 4), moe_experts=setup.moe_experts,
+                             moe_top_k=setup.moe_top_k, moe_locality=round(u("moe_locality"), 4))
+    if setup.architecture != "LlamaForCausalLM":
+        out["auto_spec"] = [3, 1, 4]  # SGLang keys its default shape on the architecture
+    _draw_tp4_memory_physics(rng, u, out, setup)
+    return out
+
+
+def _draw_tp4_memory_physics(rng: random.Random, u, out: dict[str, Any], setup: Tp4Setup) -> None:
+    """The 1-GPU family's graph scale, tree buffers and capture reserve; a hybrid's state pool."""
+    mem = out["memory"]
+    low, high, _ = RANGES["graph_scale"]
+    scale = math.exp(rng.uniform(math.log(low), math.log(high)))
+    mem["graph_mib_per_token"] = round(mem["graph_mib_per_token"] * scale, 4)
+    mem["draft_graph_mib_per_token"] = round(mem["draft_graph_mib_per_token"] * scale, 4)
+    mem["flashinfer_tree_state"] = rng.random() < TREE_BUFFERS_P
+    mem["capture_reserve_frac"] = round(u("capture_reserve"), 4)
+    state, share = u("mamba_state_mib"), u("spec_state_share")
+    kinds = [f"MoE {setup.moe_experts} experts top-{setup.moe_top_k}"] if setup.moe_experts else []
+    if setup.hybrid:
+        mem.update(mamba_state_mib=round(state, 3), spec_state_share=round(share, 4))
+        out["hybrid"] = True
+        kinds.append(f"hybrid (state {state:.0f} MiB/slot, {share:.2f} per draft token)")
+    out["notes"][0] += (f"; graphs {mem['graph_mib_per_token']:.2f} MiB/token{' + tree buffers' if mem['flashinfer_tree_state'] else ''}, "
+                        f"reserve {mem['capture_reserve_frac']:.1%}" + "".join(f"; {k}" for k in kinds))
+
+
+def draw_tp4_profile(seed: int) -> Profile:
+    """One drawn four-GPU landscape's profile (deterministic per seed)."""
+    return profile_from_dict(draw_tp4_overrides(seed))

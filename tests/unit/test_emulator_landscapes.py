@@ -100,6 +100,28 @@ def test_drawn_profiles_are_deterministic_and_within_their_ranges():
     assert {k[0] for k in kinds} == {True, False} and {k[1] for k in kinds} == {True, False} and {k[2] for k in kinds} == {True, False}
 
 
+def test_the_four_gpu_family_splits_real_models_four_ways_and_keeps_the_one_gpu_seeds():
+    # The 1-GPU family's draws do not move when the four-GPU family is drawn (its own stream).
+    assert F.draw_overrides(3) == F.draw_overrides(3) and F.draw_overrides(3)["key"] == "drawn-3"
+    setups = set()
+    for seed in range(24):
+        p = F.draw_tp4_profile(seed)
+        assert p == F.draw_tp4_profile(seed) and p.reference_tp == 4
+        setup = next(s for s in F.TP4_SETUPS if p.notes[0].startswith(f"tp 4 drawn with seed {seed}: {s.model} on 4x {s.gpu}"))
+        setups.add((setup.model, setup.gpu))
+        # Weights are the checkpoint over four GPUs and fit the card with room for KV.
+        assert p.memory.weights_gib == pytest.approx(setup.weights_gb * 1e9 / 4 / 2**30, rel=1e-3)
+        assert p.memory.weights_gib < 0.8 * p.gpu.total_mib / 1024
+        assert p.hybrid == setup.hybrid and bool(p.timing.moe_experts) == bool(setup.moe_experts)
+        lo, hi, _ = F.TP4_RANGES["non_torch_gib"]
+        assert lo - 1e-3 <= p.memory.non_torch_gib <= hi + 1e-3
+        # SGLang's own configuration starts somewhere in the space the benchmark searches.
+        steps, topk, draft = p.auto_spec
+        assert any(L.expect(p, steps=steps, topk=topk, draft_tokens=draft, mem_fraction_static=mfs, workload=WORKLOAD,
+                            algorithm="EAGLE3").feasible for mfs in MFS), seed
+    assert len(setups) >= 5  # dense and MoE, hybrid, three kinds of card
+
+
 def test_an_unreported_capture_reserve_fails_what_the_figures_say_fits():
     # The reserve the capture needs is in no figure: startup_available is what the graphs left.
     p = F.draw_profile(0)
