@@ -283,18 +283,24 @@ LANDSCAPES = [
 FAMILY_PREFIX = "family:"
 
 
-def family_spec(seed: int) -> LandscapeSpec:
-    overrides = F.draw_overrides(seed)
+FAMILY_TP4_PREFIX = f"{F.TP4_PREFIX}:"  # --family-tp4 N: the four-GPU family (family.py · draw_tp4_overrides)
+
+
+def family_spec(seed: int, *, tp4: bool = False) -> LandscapeSpec:
+    overrides = F.draw_tp4_overrides(seed) if tp4 else F.draw_overrides(seed)
     if CAPTURE_RESERVE is not None:
         overrides["memory"]["capture_reserve_frac"] = CAPTURE_RESERVE
         overrides["notes"][0] = re.sub(r"reserve [0-9.]+%", f"reserve {CAPTURE_RESERVE:.1%} (--capture-reserve)", overrides["notes"][0])
-    return LandscapeSpec(f"{FAMILY_PREFIX}{seed}", overrides, H200_SPACE, "EAGLE3", 32, 32768, perturbed=True,
+    prefix = FAMILY_TP4_PREFIX if tp4 else FAMILY_PREFIX
+    return LandscapeSpec(f"{prefix}{seed}", overrides, H200_SPACE, "EAGLE3", 32, 32768, perturbed=True,
                          family=True, note=overrides["notes"][0])
 
 
 def landscape_spec(name: str) -> LandscapeSpec:
     if name.startswith(FAMILY_PREFIX):
         return family_spec(int(name[len(FAMILY_PREFIX):]))
+    if name.startswith(FAMILY_TP4_PREFIX):
+        return family_spec(int(name[len(FAMILY_TP4_PREFIX):]), tp4=True)
     return next(s for s in LANDSCAPES if s.name == name)
 
 
@@ -769,7 +775,7 @@ def _reliability_table(cells: dict[str, Any], budget: int = 20) -> list[str]:
                + " | launches predicted |")
     out.append("|" + "---|" * (len(RELIABILITY_BUCKETS) + 2))
     for c, by_land in cells.items():
-        drawn = [l for l in by_land if l.startswith(FAMILY_PREFIX)]
+        drawn = [l for l in by_land if l.startswith((FAMILY_PREFIX, FAMILY_TP4_PREFIX))]
         groups = [("", list(by_land))]
         if drawn and len(drawn) < len(by_land):
             # The drawn family has an unreported capture reserve of 1-8% of the card (issue #23's
@@ -991,6 +997,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="also evaluate on N landscapes drawn by sglang_emulator.family.draw_profile (seeds "
                          "--family-first .. +N-1) and report their mean and WORST; `--landscapes none --family N` "
                          "runs the family alone")
+    ap.add_argument("--family-tp4", type=int, default=0, metavar="N",
+                    help="also evaluate on N four-GPU landscapes drawn by sglang_emulator.family.draw_tp4_overrides "
+                         "(tp4:SEED, seeds --family-first .. +N-1)")
     ap.add_argument("--budgets", help="comma-separated trial budgets to score (default 10,20,40; 20 is always added)")
     ap.add_argument("--family-first", type=int, default=0, help="first family seed (default 0)")
     ap.add_argument("--sglang-version", choices=("0.5.23", "0.5.9"), default="0.5.23",
@@ -1021,7 +1030,8 @@ def main(argv: list[str] | None = None) -> int:
         global BUDGETS
         BUDGETS = tuple(sorted({int(b) for b in args.budgets.split(",")} | {20}))
     if args.out is None:
-        stem = "sampler_benchmark" + ("_family" if args.family else "") + ("_quick" if args.quick else "")
+        stem = ("sampler_benchmark" + ("_family" if args.family else "") + ("_tp4" if args.family_tp4 else "")
+                + ("_quick" if args.quick else ""))
         args.out = str(RESULTS / stem)
 
     _check_hv3()
@@ -1030,6 +1040,7 @@ def main(argv: list[str] | None = None) -> int:
     cands = [c for c in cands if c.available()]
     lands = [s for s in LANDSCAPES if not args.landscapes or s.name in args.landscapes.split(",")]
     lands += [family_spec(seed) for seed in range(args.family_first, args.family_first + args.family)]
+    lands += [family_spec(seed, tp4=True) for seed in range(args.family_first, args.family_first + args.family_tp4)]
     if not cands or not lands:
         ap.error("no sampler or landscape selected")
     for name, why in unavailable.items():
