@@ -63,6 +63,7 @@ from optuna.trial import TrialState  # noqa: E402
 
 import sampler_benchmark as offline  # noqa: E402
 from sampler_benchmark import Landscape, LandscapeSpec, hv3, landscape, landscape_spec  # noqa: E402
+from sglang_emulator.family import tp4_setup  # noqa: E402
 from sglang_emulator.profiles import LANDSCAPE_SEED_ENV, PROFILE_ENV, PROFILES, find_profile  # noqa: E402
 from tuner.results import record  # noqa: E402
 from tuner.sglang_args import SEARCHED, Params  # noqa: E402
@@ -97,10 +98,12 @@ def served(spec: LandscapeSpec, lands: Landscape, seed: int, tmp: Path) -> Serve
     """Serve the landscape's profile: by model path when the emulator knows the profile by
     name, by $SGLANG_EMULATOR_LANDSCAPE_SEED for a family landscape, else from a JSON profile."""
     profile = lands.profile
-    model = MODEL_PATHS[profile.architecture]
+    tp4 = spec.name.startswith(offline.FAMILY_TP4_PREFIX)
+    # A four-GPU draw names its real model (the emulator serves the drawn profile whatever the name).
+    model = tp4_setup(int(spec.name[len(offline.FAMILY_TP4_PREFIX):])).model if tp4 else MODEL_PATHS[profile.architecture]
     env = {**EMULATOR_ENV, "SGLANG_EMULATOR_SEED": str(seed)}
     if spec.family:
-        env[LANDSCAPE_SEED_ENV] = spec.name[len(offline.FAMILY_PREFIX):]
+        env[LANDSCAPE_SEED_ENV] = spec.name if tp4 else spec.name[len(offline.FAMILY_PREFIX):]
     elif not (isinstance(spec.profile, str) and PROFILES[spec.profile].model_names):
         path = tmp / "profile.json"
         path.write_text(json.dumps({"base": spec.profile} if isinstance(spec.profile, str) else spec.profile))
@@ -437,7 +440,7 @@ def _progress(r: dict[str, Any], budgets: list[int], done: int, total: int, t0: 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--landscapes", default="qwen-demo,llama8b-h100-128k,family:0",
-                    help="comma list: qwen-demo, llama8b-h100-128k, family:N, or any sampler_benchmark LANDSCAPES name")
+                    help="comma list: qwen-demo, llama8b-h100-128k, family:N, tp4:N, or any sampler_benchmark LANDSCAPES name")
     ap.add_argument("--samplers", default="model,edge", help="comma list of tuner.optimize --sampler values")
     ap.add_argument("--seeds", type=int, default=1, help="seeds per (landscape, sampler); default 1")
     ap.add_argument("--first-seed", type=int, default=0, help="seeds are first-seed .. first-seed + seeds - 1")

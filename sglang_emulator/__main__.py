@@ -25,7 +25,8 @@ Environment knobs (emulator only, never read by the tuner):
                                instead of every --decode-log-interval; DP ranks get identical
                                pools instead of rank 0 being ~3% short
   SGLANG_WAIT_PORT_TIMEOUT     SGLang's own knob: polls of wait_port_available (default 30)
-  SGLANG_EMULATOR_LANDSCAPE_SEED  N: serve the profile family.draw_profile(N) draws (any model path)
+  SGLANG_EMULATOR_LANDSCAPE_SEED  N: serve the profile family.draw_profile(N) draws (any model path);
+                                  tp4:N: family.draw_tp4_profile(N), a four-GPU set-up (launch with --tp 4)
 """
 
 from __future__ import annotations

@@ -6,8 +6,12 @@ stable across Python versions).  Every range below says why it is physical; none
 looking at how any sampler does on the result.  Ranges that come in discrete real shapes
 (KV-cache geometry, vocabulary, context length) are drawn from real model configs.
 
-Used by the live emulator (`SGLANG_EMULATOR_LANDSCAPE_SEED=N`, see profiles.find_profile) and by
-`benchmarks/sampler_benchmark.py --family N`.
+A second family (`draw_tp4_profile`, "Four GPUs" below) is drawn around real tp-4 set-ups: 70B
+dense models, a 235B MoE, Qwen3-Next and the seed's Qwen3.5-122B hybrids, on H100, H200 and
+RTX PRO 6000 cards, so the tuner is also judged on memory split four ways.
+
+Used by the live emulator (`SGLANG_EMULATOR_LANDSCAPE_SEED=N` or `tp4:N`, see
+profiles.find_profile) and by `benchmarks/sampler_benchmark.py --family N --family-tp4 N`.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from .model import MiB, Profile
 from .profiles import PROFILES, profile_from_dict
 
 __all__ = ["FAMILY_BASE", "KV_SHAPES", "VOCABS", "CONTEXTS", "RANGES", "draw_overrides", "draw_profile",
-           "TP4_PREFIX", "TP4_SETUPS", "TP4_RANGES", "draw_tp4_overrides", "draw_tp4_profile"]
+           "TP4_PREFIX", "TP4_SETUPS", "TP4_RANGES", "tp4_setup", "draw_tp4_overrides", "draw_tp4_profile"]
 
 FAMILY_BASE = "llama-3.1-8b-h100-128k"
 
@@ -206,7 +210,7 @@ TP4_PREFIX = "tp4"
 class Tp4Setup:
     """One real model on four GPUs of one kind.  Sizes are the whole model's."""
 
-    model: str
+    model: str  # the Hugging Face repository a launch names in --model-path
     architecture: str
     weights_gb: float  # checkpoint size (bf16 unless the name says FP8)
     layers: int  # full-attention layers (a hybrid's others hold a recurrent state instead)
@@ -229,17 +233,17 @@ TP4_GPUS: dict[str, dict[str, Any]] = {
                      "tb_s": 1.79, "nvlink": False},
 }
 TP4_SETUPS: tuple[Tp4Setup, ...] = (
-    Tp4Setup("Llama-3.1-70B-Instruct", "LlamaForCausalLM", 141.1, 80, 8, 128, 128_256, 131_072, "H100"),
-    Tp4Setup("Llama-3.1-70B-Instruct", "LlamaForCausalLM", 141.1, 80, 8, 128, 128_256, 131_072, "H200"),
-    Tp4Setup("Qwen2.5-72B-Instruct", "Qwen2ForCausalLM", 145.4, 80, 8, 128, 152_064, 32_768, "H100"),
+    Tp4Setup("meta-llama/Llama-3.1-70B-Instruct", "LlamaForCausalLM", 141.1, 80, 8, 128, 128_256, 131_072, "H100"),
+    Tp4Setup("meta-llama/Llama-3.1-70B-Instruct", "LlamaForCausalLM", 141.1, 80, 8, 128, 128_256, 131_072, "H200"),
+    Tp4Setup("Qwen/Qwen2.5-72B-Instruct", "Qwen2ForCausalLM", 145.4, 80, 8, 128, 152_064, 32_768, "H100"),
     # 235B parameters in FP8, 22B active: 128 experts, top 8.
-    Tp4Setup("Qwen3-235B-A22B-FP8", "Qwen3MoeForCausalLM", 236.0, 94, 4, 128, 151_936, 40_960, "H200",
+    Tp4Setup("Qwen/Qwen3-235B-A22B-FP8", "Qwen3MoeForCausalLM", 236.0, 94, 4, 128, 151_936, 40_960, "H200",
              moe_experts=128, moe_top_k=8, active_share=22 / 235),
     # Hybrid: 12 of 48 layers keep full attention (2 KV heads x 256); 512 experts, top 10, 3B active.
-    Tp4Setup("Qwen3-Next-80B-A3B-Instruct", "Qwen3NextForCausalLM", 162.0, 12, 2, 256, 151_936, 262_144, "H100",
+    Tp4Setup("Qwen/Qwen3-Next-80B-A3B-Instruct", "Qwen3NextForCausalLM", 162.0, 12, 2, 256, 151_936, 262_144, "H100",
              moe_experts=512, moe_top_k=10, active_share=3 / 80, hybrid=True),
     # The seed's model on the seed's cards.
-    Tp4Setup("Qwen3.5-122B-A10B", "Qwen3_5MoeForConditionalGeneration", 244.0, 12, 2, 256, 248_320, 262_144,
+    Tp4Setup("Qwen/Qwen3.5-122B-A10B", "Qwen3_5MoeForConditionalGeneration", 244.0, 12, 2, 256, 248_320, 262_144,
              "RTX PRO 6000", moe_experts=256, moe_top_k=8, active_share=10 / 122, hybrid=True),
 )
 TP4_RANGES: dict[str, tuple[float, float, str]] = {
@@ -249,6 +253,11 @@ TP4_RANGES: dict[str, tuple[float, float, str]] = {
     "bandwidth_share": (0.65, 0.95, "achieved HBM bandwidth over the data sheet's"),
     "mamba_state_mib": (10.0, 70.0, "hybrid: one slot's recurrent state per GPU at tp 4 (the seed's is 67 MiB)"),
 }
+
+
+def tp4_setup(seed: int) -> Tp4Setup:
+    """The set-up a four-GPU seed draws (its stream's first draw)."""
+    return random.Random(f"{TP4_PREFIX}:{seed}").choice(TP4_SETUPS)
 
 
 def draw_tp4_overrides(seed: int) -> dict[str, Any]:

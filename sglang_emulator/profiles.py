@@ -244,7 +244,8 @@ def profile_from_dict(data: dict[str, Any]) -> Profile:
 
 def find_profile(model_path: str) -> Profile | None:
     """The profile for `--model-path`: `$SGLANG_EMULATOR_PROFILE` (a JSON file) wins, then
-    `$SGLANG_EMULATOR_LANDSCAPE_SEED` (a profile drawn by family.draw_profile), then names."""
+    `$SGLANG_EMULATOR_LANDSCAPE_SEED` (N: a profile drawn by family.draw_profile; tp4:N: by
+    family.draw_tp4_profile, a four-GPU set-up), then names."""
     path = os.environ.get(PROFILE_ENV)
     if path:
         with open(path, encoding="utf-8") as fh:
@@ -252,9 +253,12 @@ def find_profile(model_path: str) -> Profile | None:
         return replace(profile, model_names=profile.model_names + (model_path.lower(),))
     seed = os.environ.get(LANDSCAPE_SEED_ENV)
     if seed:
-        from .family import draw_profile  # family imports this module
+        from .family import TP4_PREFIX, draw_profile, draw_tp4_profile  # family imports this module
 
-        profile = draw_profile(int(seed))
+        kind, _, number = seed.rpartition(":")
+        if kind not in ("", TP4_PREFIX) or not number.strip().isdigit():
+            raise ValueError(f"{LANDSCAPE_SEED_ENV}={seed!r}: expected a seed N or {TP4_PREFIX}:N")
+        profile = draw_tp4_profile(int(number)) if kind else draw_profile(int(number))
         return replace(profile, model_names=profile.model_names + (model_path.lower(),))
     lowered = model_path.lower().rstrip("/")
     for profile in PROFILES.values():

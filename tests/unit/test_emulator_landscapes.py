@@ -135,3 +135,14 @@ def test_the_live_emulator_serves_a_drawn_profile(monkeypatch):
     monkeypatch.setenv("SGLANG_EMULATOR_LANDSCAPE_SEED", "7")
     p = find_profile("any/Model")
     assert p is not None and p.key == "drawn-7" and p.acceptance == F.draw_profile(7).acceptance
+
+
+def test_the_live_emulator_serves_a_four_gpu_draw_and_names_a_bad_seed(monkeypatch):
+    monkeypatch.delenv("SGLANG_EMULATOR_PROFILE", raising=False)
+    monkeypatch.setenv("SGLANG_EMULATOR_LANDSCAPE_SEED", "tp4:3")
+    p = find_profile("any/Model")
+    assert p is not None and p.key == "drawn-tp4-3" and p.reference_tp == 4
+    assert p.memory == F.draw_tp4_profile(3).memory
+    monkeypatch.setenv("SGLANG_EMULATOR_LANDSCAPE_SEED", "tp8:3")
+    with pytest.raises(ValueError, match="expected a seed N or tp4:N"):
+        find_profile("any/Model")
