@@ -591,6 +591,7 @@ def _server_attrs(lands: Landscape, e: L.Expectation, p: Params, seed: int) -> d
         "accept_histogram": [int(x) for x in hist],
         "request_tokens": lands.spec.request_tokens,
         "architecture": prof.architecture,  # /model_info.architectures[0]
+        "gpu_count": prof.reference_tp,  # /server_info's tp_size x dp_size (one DP rank here)
         "concurrent_tps_by_level": {str(lands.spec.concurrency): 0.0},  # the level (its value is the objective)
         "memory_usage": {"weight": round(plan.weights_gib, 2), "kvcache": round(plan.kv_gib + plan.mamba_gib, 2),
                          "startup_available": round(plan.available_after_capture_gib, 2),

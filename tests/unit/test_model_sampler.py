@@ -469,3 +469,27 @@ def test_an_older_sglangs_started_launch_tells_the_model_what_was_left_through_i
         p[version] = model.predict(*cand).p_start
     assert p["0.5.9"] == pytest.approx(p["0.5.23"], abs=0.01), p
     assert p["0.5.23"].min() < 0.9  # the candidates reach where memory decides
+
+
+def test_a_four_gpu_rank_is_less_sure_of_a_fraction_no_launch_reached():
+    # With tp 4 the capture may also need NCCL's and the custom all-reduce's buffers, in no
+    # figure: the unreported reserve's range reaches 1 GiB per GPU further.  The same launches
+    # recorded by a four-GPU server (gpu_count 4, one DP rank) leave a fraction above them less
+    # sure to start than on one GPU; fractions at or below a start stay as sure.  Without it the
+    # four-GPU family's first reserve probes, predicted at P 0.64, started 38% of the time.
+    def launch(mfs, gpus):
+        ok, values, attrs = _truth(3, 1, 4, mfs)
+        flags = {"speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4,
+                 "mem_fraction_static": mfs}
+        return optuna.trial.create_trial(values=values, user_attrs={**attrs, record.FLAGS: flags, record.GPU_COUNT: gpus,
+                                                                    record.DP_RANKS: [{"max_total_num_tokens": 1}]})
+
+    names = ["single_tps", "concurrent_tps", "capacity"]
+    above = [np.array(v) for v in ([3, 3], [1, 1], [4, 4], [0.80, 0.90])]
+    p = {}
+    for gpus in (1, 4):
+        model, why = M.fit([launch(0.80, gpus)], names)
+        assert model is not None, why
+        p[gpus] = model.predict(*above).p_start
+    assert p[4][0] == p[1][0] == 1.0  # where it started
+    assert p[1][1] < 0.95 and p[4][1] < p[1][1] - 0.05, p  # above it: the wider range is less sure

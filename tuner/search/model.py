@@ -414,6 +414,16 @@ _U_KV = (np.arange(16) + 0.5) / 16  # the per-draft-token KV reservation, betwee
 # fraction step below their 0.94 edge (20 seeds, this change alone: HV at 10 launches 92.5% ->
 # 95.7%; with the sampler's other #23 changes of the same round, 95.1%).
 _THETA_MIN, _THETA_MAX = 0.0, 0.10
+# With tp > 1 the capture may also need communication buffers outside PyTorch's pool and
+# outside every figure (NCCL's communicators, the custom all-reduce's IPC buffers), more the
+# more GPUs a rank spans: SGLang's own default reserves tp x pp / 8 GiB for them
+# (server_args.py · _handle_gpu_memory_settings; docs/sglang-0.5.23.md section 2.1).  The prior's
+# range reaches this much per GPU of the rank beyond its 10%: on 50 four-GPU worlds
+# (family.draw_tp4_profile, tp4:8-57, 10 trials) the first reserve probes, predicted to start
+# with P 0.64 and 0.74, started 38% and 58% of the time with 10% alone, 57% and 71% with it.
+# Upward only: a floor at the buffers' size held qwen-demo (2 GiB outside the pool, no reserve)
+# below its edge, 95.2% -> 94.2% of the front's HV at 10 launches with 0.5 GiB at tp 4.
+_COMM_GIB_PER_GPU = 1.0
 # The prior odds that the reserve exceeds 10% of the memory, or that a shape's graphs exceed
 # their upper bound: what a failure only such physics explains must overcome (_weigh_graph_failures).
 _BEYOND_PRIOR = 0.05
@@ -448,7 +458,7 @@ class Memory:
     log's "avail mem" before the first graph), graphs between the linear fit and an upper bound
     that scales the most graph memory per graph token any launch showed, theta an unreported
     reserve in [theta_lo, theta_hi] (theta_hi: the least startup_available a launch started with,
-    and at most 10% of the memory; theta_lo 0).  Failed launches weigh the (graph, theta) grid: only combinations
+    and at most 10% of the memory, plus 1 GiB per GPU of a rank with tp > 1; theta_lo 0).  Failed launches weigh the (graph, theta) grid: only combinations
     under which they would have failed keep their weight."""
 
     pre: float  # GiB the static fraction is taken of (pre-load memory)
@@ -769,7 +779,9 @@ def _fit_memory(ls: list[Launch]) -> Memory | None:
     other = float(np.median(others)) if others else 0.0
     left = [m["startup_available"] if m.get("startup_available") is not None else pre * (1 - x.mfs) - other - g[4]
             for x, m, g in zip(ok, mu, rows)]
-    theta_hi = max(min(_THETA_MAX * pre, min(left)), 0.05)
+    gpus = _gpus_per_rank(ok)
+    comm = _COMM_GIB_PER_GPU * gpus if gpus > 1 else 0.0
+    theta_hi = max(min(_THETA_MAX * pre + comm, min(left)), 0.05)
     mem = Memory(pre, fixed, 0.0, 0.0, 0.0, cap, slots, coef, other, theta_hi, min(_THETA_MIN * pre, 0.5 * theta_hi),
                  spread + 0.05, {x.shape.topk for x in ok}, {})
     mem.theta_data = max(min(left), theta_hi)
@@ -795,6 +807,15 @@ def _fit_memory(ls: list[Launch]) -> Memory | None:
     mem.pool_anchor = pool_anchor(mem, ok)
     _weigh_graph_failures(mem, [x for x in ls if x.state in _MEM_FAILURES])
     return mem
+
+
+def _gpus_per_rank(ok: list[Launch]) -> int:
+    """GPUs one DP rank spans (tp x pp): the record's gpu_count over its DP ranks; 1 unknown."""
+    for x in ok:
+        gpus = x.attrs.get(record.GPU_COUNT)
+        if gpus:
+            return max(int(gpus) // max(len(x.attrs.get(record.DP_RANKS) or ()), 1), 1)
+    return 1
 
 
 def pool_anchor(mem: Memory, ok: list[Launch]) -> tuple | None:
