@@ -153,17 +153,23 @@ def draw_overrides(seed: int) -> dict[str, Any]:
     return out
 
 
-def _draw_memory_physics(rng: random.Random, u, out: dict[str, Any], kv: KvShape) -> None:
-    """Issue #23: graph memory from small to large, with or without tree index buffers, an
-    unreported capture reserve, dense or MoE step time, dense or hybrid KV.  Each draw is made
-    whether or not its variant is chosen, so every seed consumes the RNG alike."""
-    mem, timing = out["memory"], out["timing"]
+def _draw_graph_physics(rng: random.Random, u, mem: dict[str, Any]) -> None:
+    """Graph memory per token (log-uniform scale), FlashInfer's tree buffers and the unreported
+    capture reserve: both families draw them alike, in this order."""
     low, high, _ = RANGES["graph_scale"]
     scale = math.exp(rng.uniform(math.log(low), math.log(high)))
     mem["graph_mib_per_token"] = round(mem["graph_mib_per_token"] * scale, 4)
     mem["draft_graph_mib_per_token"] = round(mem["draft_graph_mib_per_token"] * scale, 4)
     mem["flashinfer_tree_state"] = rng.random() < TREE_BUFFERS_P
     mem["capture_reserve_frac"] = round(u("capture_reserve"), 4)
+
+
+def _draw_memory_physics(rng: random.Random, u, out: dict[str, Any], kv: KvShape) -> None:
+    """Issue #23: graph memory from small to large, with or without tree index buffers, an
+    unreported capture reserve, dense or MoE step time, dense or hybrid KV.  Each draw is made
+    whether or not its variant is chosen, so every seed consumes the RNG alike."""
+    mem, timing = out["memory"], out["timing"]
+    _draw_graph_physics(rng, u, mem)
     moe, experts = rng.random() < MOE_P, rng.choice(MOE_EXPERTS)
     active, locality = u("moe_active_share"), u("moe_locality")
     hybrid = rng.random() < HYBRID_P
@@ -334,12 +340,7 @@ def draw_tp4_overrides(seed: int) -> dict[str, Any]:
 def _draw_tp4_memory_physics(rng: random.Random, u, out: dict[str, Any], setup: Tp4Setup) -> None:
     """The 1-GPU family's graph scale, tree buffers and capture reserve; a hybrid's state pool."""
     mem = out["memory"]
-    low, high, _ = RANGES["graph_scale"]
-    scale = math.exp(rng.uniform(math.log(low), math.log(high)))
-    mem["graph_mib_per_token"] = round(mem["graph_mib_per_token"] * scale, 4)
-    mem["draft_graph_mib_per_token"] = round(mem["draft_graph_mib_per_token"] * scale, 4)
-    mem["flashinfer_tree_state"] = rng.random() < TREE_BUFFERS_P
-    mem["capture_reserve_frac"] = round(u("capture_reserve"), 4)
+    _draw_graph_physics(rng, u, mem)
     state, share = u("mamba_state_mib"), u("spec_state_share")
     kinds = [f"MoE {setup.moe_experts} experts top-{setup.moe_top_k}"] if setup.moe_experts else []
     if setup.hybrid:
