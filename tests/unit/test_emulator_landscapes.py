@@ -101,8 +101,12 @@ def test_drawn_profiles_are_deterministic_and_within_their_ranges():
 
 
 def test_the_four_gpu_family_splits_real_models_four_ways_and_keeps_the_one_gpu_seeds():
-    # The 1-GPU family's draws do not move when the four-GPU family is drawn (its own stream).
-    assert F.draw_overrides(3) == F.draw_overrides(3) and F.draw_overrides(3)["key"] == "drawn-3"
+    # The 1-GPU family's draws did not move when the four-GPU family came (its own stream, the
+    # graph physics drawn by a shared helper): the figures every earlier benchmark reports.
+    assert F.draw_overrides(0)["notes"][0].endswith("vocab 256000, context 32768; graphs 3.39 MiB/token "
+                                                    "+ tree buffers, reserve 6.1%")
+    assert F.draw_overrides(5)["notes"][0].endswith("graphs 0.75 MiB/token + tree buffers, reserve 7.1%; "
+                                                    "hybrid (state 10 MiB/slot, 1.81 per draft token)")
     setups = set()
     for seed in range(24):
         p = F.draw_tp4_profile(seed)
