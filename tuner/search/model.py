@@ -458,8 +458,9 @@ class Memory:
     log's "avail mem" before the first graph), graphs between the linear fit and an upper bound
     that scales the most graph memory per graph token any launch showed, theta an unreported
     reserve in [theta_lo, theta_hi] (theta_hi: the least startup_available a launch started with,
-    and at most 10% of the memory, plus 1 GiB per GPU of a rank with tp > 1; theta_lo 0).  Failed launches weigh the (graph, theta) grid: only combinations
-    under which they would have failed keep their weight."""
+    and at most 10% of the memory, plus 1 GiB per GPU of a rank with tp > 1; theta_lo 0).
+    Failed launches weigh the (graph, theta) grid: only combinations under which they would
+    have failed keep their weight."""
 
     pre: float  # GiB the static fraction is taken of (pre-load memory)
     fixed: float  # GiB of the static pool that is not KV: weights
