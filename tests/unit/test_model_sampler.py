@@ -1,13 +1,18 @@
 """The model sampler (tuner/search/model.py, model_sampler.py): acceptance by depth from a
 stream, the memory line, and proposals that depend only on the study (resume, two workers)."""
 
+import importlib.util
 import math
+import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import optuna
 import pytest
 from optuna.trial import TrialState
 
+from sglang_emulator import landscape as L
 from tuner.config import SpaceConfig
 from tuner.measure.runner import step_tokens
 from tuner.results import record
@@ -413,6 +418,59 @@ def test_a_tree_beyond_the_measured_verify_tokens_is_not_predicted_faster_than_p
     # Inside the measured tokens nothing changes: a chain keeps the fit's own narrow interval.
     chain = model.predict([2], [1], [3], [0.84])
     assert chain.sd[0, 1] == pytest.approx(chain.sd[0, 0])
+
+
+def _replayed_trials(landscape: str, launches, seed=0):
+    """Trials as benchmarks/sampler_benchmark.py replays them on an emulator landscape: its
+    noisy values and the attrs the emulator's server reports, for the given launches."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "sampler_benchmark.py"
+    spec = importlib.util.spec_from_file_location("sampler_benchmark", path)
+    B = sys.modules.get("sampler_benchmark")
+    if B is None:
+        B = importlib.util.module_from_spec(spec)
+        sys.modules["sampler_benchmark"] = B  # its dataclasses look their module up
+        spec.loader.exec_module(B)
+    lands = B.landscape_spec(landscape)
+    profile = B.profile_from_dict(lands.profile)
+    workload = L.Workload(max_tokens=128, concurrency=lands.concurrency, request_tokens=lands.request_tokens, temperature=0.0)
+    world = SimpleNamespace(profile=profile, spec=lands, workload=workload)
+
+    def expect(steps, topk, draft, mfs):
+        return L.expect(profile, steps=steps, topk=topk, draft_tokens=draft, mem_fraction_static=mfs,
+                        workload=workload, algorithm=lands.algorithm)
+
+    trials = []
+    for steps, topk, draft, mfs in launches:
+        p = Params(speculative_num_steps=steps, speculative_eagle_topk=topk, speculative_num_draft_tokens=draft,
+                   mem_fraction_static=mfs)
+        e = expect(steps, topk, draft, mfs)
+        assert e.feasible, (steps, topk, draft, mfs)
+        attrs = {**B._server_attrs(world, e, p, seed), record.FLAGS: p.as_dict()}
+        trials.append(optuna.trial.create_trial(values=B._measure(e, p, seed), user_attrs=attrs))
+    return trials, expect
+
+
+def test_a_chain_with_fewer_verify_tokens_than_any_measured_under_load_is_not_predicted_slower_than_it_is():
+    # tp4:7 (Llama-3.1-70B on 4x H200), seed 0's first seven launches: trees and one chain,
+    # all measured at batch 32 with 256-896 verify tokens.  A rise of the step time between
+    # batch 1 and 32 fits as per-request work or as a verify that costs by its tokens below 256;
+    # the first predicts a shallow chain (96-160 verify tokens) as slow as the trees, the second
+    # faster.  The fit alone put (3, 1, 4) at 0.93, the front's best concurrency, 10% slow with
+    # a 5% spread and the study never launched it; the interval must hold the truth.
+    launches = [(5, 4, 8, 0.83), (5, 4, 8, 0.88), (5, 4, 8, 0.91), (7, 1, 8, 0.91), (4, 2, 9, 0.91),
+                (5, 4, 21, 0.89), (5, 8, 28, 0.86)]
+    trials, expect = _replayed_trials("tp4:7", launches)
+    model, why = M.fit(trials, ["single_tps", "concurrent_tps", "capacity"])
+    assert model is not None, why
+    for shape in ((3, 1, 4, 0.93), (2, 1, 3, 0.93)):
+        lo, mid, hi = model.predict(*([v] for v in shape)).interval(0)["concurrent_tps"]
+        truth = expect(*shape).concurrent_tps
+        assert lo <= truth <= hi, (shape, lo, mid, truth, hi)
+    # From the fewest measured tokens up the two readings are not mixed: a tree's prediction is the fit's own.
+    tree = model.predict([5], [4], [10], [0.91])
+    model.time.below = None
+    alone = model.predict([5], [4], [10], [0.91])
+    assert tree.concurrent[0] == pytest.approx(alone.concurrent[0]) and tree.sd[0, 1] == pytest.approx(alone.sd[0, 1])
 
 
 def test_a_launched_draft_count_knows_its_capacity_at_another_fraction():
