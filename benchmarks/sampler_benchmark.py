@@ -993,7 +993,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--first-seed", type=int, default=0, help="seeds are first-seed .. first-seed + seeds - 1")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--samplers", help="comma-separated candidate names (default: all)")
-    ap.add_argument("--landscapes", help="comma-separated landscape names (default: all)")
+    ap.add_argument("--landscapes", help="comma-separated landscape names, family:N and tp4:N among them "
+                                         "(default: all fixed ones; none: only --family / --family-tp4)")
     ap.add_argument("--family", type=int, default=0, metavar="N",
                     help="also evaluate on N landscapes drawn by sglang_emulator.family.draw_profile (seeds "
                          "--family-first .. +N-1) and report their mean and WORST; `--landscapes none --family N` "
@@ -1039,9 +1040,16 @@ def main(argv: list[str] | None = None) -> int:
     cands = [c for c in CANDIDATES if not args.samplers or c.name in args.samplers.split(",")]
     unavailable = {c.name: f"needs `{c.requires}`, which is not installed" for c in cands if not c.available()}
     cands = [c for c in cands if c.available()]
-    lands = [s for s in LANDSCAPES if not args.landscapes or s.name in args.landscapes.split(",")]
+    lands = list(LANDSCAPES) if not args.landscapes else []
+    for name in (args.landscapes.split(",") if args.landscapes and args.landscapes != "none" else []):
+        try:
+            lands.append(landscape_spec(name))
+        except (StopIteration, ValueError):
+            ap.error(f"--landscapes {name}: no such landscape; give one of {', '.join(s.name for s in LANDSCAPES)}, "
+                     f"{FAMILY_PREFIX}N or {FAMILY_TP4_PREFIX}N, or none")
     lands += [family_spec(seed) for seed in range(args.family_first, args.family_first + args.family)]
     lands += [family_spec(seed, tp4=True) for seed in range(args.family_first, args.family_first + args.family_tp4)]
+    lands = list({s.name: s for s in reversed(lands)}.values())[::-1]  # a landscape named twice runs once
     if not cands or not lands:
         ap.error("no sampler or landscape selected")
     for name, why in unavailable.items():

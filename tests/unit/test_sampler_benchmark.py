@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 _PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "sampler_benchmark.py"
 _spec = importlib.util.spec_from_file_location("sampler_benchmark", _PATH)
@@ -85,3 +86,12 @@ def test_a_replayed_0_5_9_launch_reports_what_was_left_only_through_its_capture_
     assert old["capture_memory"]["failed_runner"] is None
     left = Launch(shape=None, mfs=0.85, state="ok", attrs=old).memory["startup_available"]
     assert abs(left - new["memory_usage"]["startup_available"]) <= 0.01
+
+
+def test_a_misspelt_landscape_is_a_one_line_error_naming_the_choices(capsys):
+    # It was ignored, and a run of only misspelt names said "no sampler or landscape selected".
+    with pytest.raises(SystemExit) as stop:
+        B.main(["--landscapes", "qwen-demo,famly:3", "--seeds", "1"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--landscapes famly:3: no such landscape" in err and "family:N or tp4:N" in err and "qwen-demo" in err
