@@ -218,3 +218,28 @@ def test_a_run_being_stopped_does_not_wait_out_an_outage_and_keeps_its_writes_in
         assert [e["args"][1:] for e in storage.journal.entries()] == [["fail_reason", "interrupted"]]
     finally:
         holder.join()
+
+
+def test_a_signal_as_optunas_objective_call_begins_still_leaves_the_trial_its_reason(tmp_path):
+    """CI (a fresh clone on a busy machine): the signal landed after Optuna's ask and before the
+    tuner's objective entered its own handler; Optuna failed the trial with no `fail_reason`."""
+    import signal
+
+    from tuner import interrupts
+    from tuner.results import record
+
+    storage = _storage(tmp_path)
+    study = optuna.create_study(storage=storage, study_name="s")
+
+    def objective(trial):  # stands for the instant before TrialRunner.__call__'s try
+        os.kill(os.getpid(), signal.SIGINT)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            time.sleep(0.01)  # the handler raises KeyboardInterrupt here
+        raise AssertionError("no KeyboardInterrupt within 30 s")
+
+    interrupts.install()
+    with pytest.raises(KeyboardInterrupt):
+        study.optimize(objective, n_trials=1)
+    [t] = study.get_trials()
+    assert t.state == TrialState.FAIL and t.user_attrs.get(record.FAIL_REASON) == record.INTERRUPTED

@@ -43,6 +43,7 @@ from sqlalchemy import exc as sa_exc
 from tuner.errors import TunerError
 from tuner.interrupts import deferred, stopping
 from tuner.server.control.base import pid_alive
+from tuner.results import record
 from tuner.results.optuna_private import HeartbeatForwarding, storage_of
 
 __all__ = ["ResilientStorage", "StorageOutage", "settle", "watch", "reraise_outage", "redacted_url"]
@@ -248,6 +249,15 @@ class ResilientStorage(HeartbeatForwarding, BaseStorage):
         return self._write("set_trial_intermediate_value", trial_id, step, intermediate_value)
 
     def set_trial_state_values(self, trial_id: int, state: TrialState, values=None) -> bool:
+        if state == TrialState.FAIL and stopping():
+            # Optuna fails the trial itself when the signal lands in its objective call before
+            # the tuner's own handler is entered (a signal is raised at a function's first
+            # instruction, outside its try): the reason goes first, while the trial still takes
+            # it (CI, `test_signals[between trials (proposal)]`: "trial 1 FAIL without a reason").
+            trial = self.get_trial(trial_id)
+            if trial.state == TrialState.RUNNING and record.FAIL_REASON not in trial.user_attrs:
+                self.set_trial_user_attr(trial_id, record.FAIL_REASON, record.INTERRUPTED)
+
         def claim(done: bool) -> bool:
             if state == TrialState.RUNNING and done:
                 self.claimed.append(trial_id)  # a queued trial popped by Optuna's ask
