@@ -1049,7 +1049,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"{FAMILY_PREFIX}N or {FAMILY_TP4_PREFIX}N, or none")
     lands += [family_spec(seed) for seed in range(args.family_first, args.family_first + args.family)]
     lands += [family_spec(seed, tp4=True) for seed in range(args.family_first, args.family_first + args.family_tp4)]
-    lands = list({s.name: s for s in reversed(lands)}.values())[::-1]  # a landscape named twice runs once
+    lands = list({s.name: s for s in lands}.values())  # a landscape named twice runs once, where first named
     if not cands or not lands:
         ap.error("no sampler or landscape selected")
     for name, why in unavailable.items():
