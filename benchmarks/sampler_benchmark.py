@@ -783,20 +783,57 @@ def _reliability_table(cells: dict[str, Any], budget: int = 20) -> list[str]:
             # measurement); the fixed landscapes need ~2% at capture: one prior, two worlds.
             groups += [(" (drawn family)", drawn), (" (fixed landscapes)", [l for l in by_land if l not in drawn])]
         for suffix, lands in groups:
-            calls = [(p, ok) for l in lands for p, ok, n in by_land[l].get("p_start", []) if n <= budget]
+            calls = [(p, ok, l) for l in lands for p, ok, n in by_land[l].get("p_start", []) if n <= budget]
             if calls:
                 out.append("| " + " | ".join([c + suffix] + _reliability_cells(calls)) + " |")
-    out += ["", "Each cell: mean predicted P(start) -> share that started (launches in the bucket).", ""]
+    out += ["", "Each cell: mean predicted P(start) -> share that started [its 90% interval, resampling landscapes] "
+            "(launches in the bucket, landscapes they came from); **outside**: the prediction is more than 10 points "
+            "from the share and outside its interval.", ""]
     return out
 
 
-def _reliability_cells(calls: list[tuple[float, bool]]) -> list[str]:
+def _reliability_cells(calls: list[tuple[float, bool, str]]) -> list[str]:
     row = []
     for lo, hi in RELIABILITY_BUCKETS:
-        got = [ok for p, ok in calls if lo <= p < hi]
-        mean_p = np.mean([p for p, ok in calls if lo <= p < hi]) if got else 0.0
-        row.append(f"{mean_p:.2f} -> {np.mean(got):.2f} (n={len(got)})" if got else "-")
+        inside = [(p, ok, l) for p, ok, l in calls if lo <= p < hi]
+        if not inside:
+            row.append("-")
+            continue
+        mean_p, share = float(np.mean([p for p, _, _ in inside])), float(np.mean([ok for _, ok, _ in inside]))
+        interval = started_interval([(l, ok) for _, ok, l in inside])
+        worlds = len({l for _, _, l in inside})
+        shown = f"{mean_p:.2f} -> {share:.2f}"
+        if interval is not None:
+            shown += f" [{interval[0]:.2f}, {interval[1]:.2f}]"
+            if abs(mean_p - share) > 0.10 and not interval[0] <= mean_p <= interval[1]:
+                shown += " **outside**"
+        row.append(f"{shown} (n={len(inside)}, {worlds} landscape{'s' if worlds > 1 else ''})")
     return row + [str(len(calls))]
+
+
+def started_interval(launches: list[tuple[str, bool]], confidence: float = 0.9) -> tuple[float, float] | None:
+    """The `confidence` interval of the share of `launches` (landscape, started) that started,
+    by a bootstrap that resamples landscapes, not launches: a landscape's seeds replay nearly
+    the same study (family:11's three seeds made the same first four launches), so its launches
+    are one observation, not many; counted as many, a bucket's 124 launches from 40 landscapes
+    read as a 4-point interval.  None with fewer than two landscapes.  scipy.stats.bootstrap
+    does the resampling (percentile method: the statistic, a ratio of sums, is bounded)."""
+    from scipy.stats import binomtest, bootstrap
+
+    worlds = sorted({l for l, _ in launches})
+    if len(worlds) < 2:
+        return None
+    started = np.array([sum(ok for l, ok in launches if l == w) for w in worlds], dtype=float)
+    counts = np.array([sum(1 for l, _ in launches if l == w) for w in worlds], dtype=float)
+    if started.sum() in (0.0, counts.sum()):
+        # Every launch alike: no spread to resample, yet a few landscapes say little.  Each
+        # landscape counted as one trial: the exact (Clopper-Pearson) interval of all or none of them.
+        ci = binomtest(len(worlds) if started.sum() else 0, len(worlds)).proportion_ci(confidence_level=confidence)
+        return float(ci.low), float(ci.high)
+    result = bootstrap((started, counts), lambda s, n, axis=-1: s.sum(axis=axis) / n.sum(axis=axis), paired=True,
+                       vectorized=True, confidence_level=confidence, method="percentile", n_resamples=2000,
+                       random_state=np.random.default_rng(0))
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
 def _failures_table(cells: dict[str, Any], lands_info: dict[str, Any], budget: int = 10) -> list[str]:
@@ -986,6 +1023,23 @@ def render(cells: dict[str, Any], meta: dict[str, Any], lands_info: dict[str, An
     return "\n".join(out)
 
 
+def render_stored(path: Path, ap: argparse.ArgumentParser) -> int:
+    """The report of a stored run, rendered again from its JSON (the figures are the run's; only
+    the way they are shown is this version's)."""
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8"))
+        cells, meta, lands_info = payload["cells"], payload["meta"], payload["landscapes"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        ap.error(f"--render {path}: not a stored sampler_benchmark run ({exc.__class__.__name__}: {exc}); "
+                 "give the .json a run wrote")
+    global BUDGETS, NOISE
+    BUDGETS, NOISE = tuple(meta["budgets"]), meta.get("noise", NOISE)
+    text = render(cells, meta, lands_info, payload.get("unavailable", {}))
+    path.with_suffix(".md").write_text(text + "\n", encoding="utf-8")
+    print(f"wrote {path.with_suffix('.md')} from {path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=20, help="seeds per (sampler, landscape); default 20")
@@ -1014,7 +1068,11 @@ def main(argv: list[str] | None = None) -> int:
                          "std in GiB (e.g. 0.3): launches near the edge fail now and then, as on a real server")
     ap.add_argument("--out", help="output path without extension (default benchmarks/results/sampler_benchmark, "
                                   "_quick with --quick, _family with --family)")
+    ap.add_argument("--render", metavar="JSON", help="write the report of a stored run (its .json) again, as this "
+                                                     "version renders it, to the .md beside it; nothing is run")
     args = ap.parse_args(argv)
+    if args.render:
+        return render_stored(Path(args.render), ap)
     seeds = 3 if args.quick else args.seeds
     global SGLANG_VERSION
     SGLANG_VERSION = args.sglang_version  # the workers are forked after this and inherit it

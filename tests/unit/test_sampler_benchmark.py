@@ -95,3 +95,59 @@ def test_a_misspelt_landscape_is_a_one_line_error_naming_the_choices(capsys):
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "--landscapes famly:3: no such landscape" in err and "family:N or tp4:N" in err and "qwen-demo" in err
+
+
+def test_the_start_share_interval_counts_landscapes_not_launches():
+    # 40 launches from two landscapes, one always starting, one never: the share is 0.5 whatever
+    # the launch count, and two landscapes cannot pin it down (a launch-level interval would be
+    # 0.5 +- 0.13).  Twenty landscapes alike in the same proportions: a narrow interval.
+    two = [("a", True)] * 20 + [("b", False)] * 20
+    lo, hi = B.started_interval(two)
+    assert lo <= 0.05 and hi >= 0.95
+    many = [(f"w{i}", i % 2 == 0) for i in range(20) for _ in range(2)]
+    lo, hi = B.started_interval(many)
+    assert 0.25 < lo < 0.5 < hi < 0.75
+    # All started, on five landscapes: not certainty (each landscape one observation).
+    lo, hi = B.started_interval([(f"w{i}", True) for i in range(5)])
+    assert hi == 1.0 and 0.4 < lo < 0.7
+    assert B.started_interval([("a", True), ("a", False)]) is None
+
+
+def test_a_stored_run_renders_again_with_the_interval_and_flags_a_bucket_off_by_more(tmp_path, capsys):
+    # Predicted 0.65 on 12 landscapes; a third of them started: more than 10 points off and
+    # outside the interval.  Predicted 0.75 and 0.73 started: inside.
+    runs = []
+    for i in range(12):
+        runs.append({"landscape": f"family:{i}", "p_start": [[0.65, i % 3 == 0, 2], [0.75, i % 4 != 0, 3]]})
+    cell = {"seeds": 1, "seconds_per_run": 1.0,
+            **{b: {"mean": 0.97, "std": 0.01, "min": 0.95, "launches": 10.0, "duplicate": 0.0, "ruled_out": 0.0,
+                   "memory_kv": 0.0, "memory_graph": 0.5, "invalid": 0.0, "max_failed": 1.0, "worst_seed": 0}
+               for b in ("10", "20")}}
+    cells = {"model": {r["landscape"]: {**cell, "p_start": r["p_start"]} for r in runs}}
+    meta = {"seeds": 1, "first_seed": 0, "sglang_version": "0.5.23", "budgets": [10, 20], "noise": 0.015, "wall_s": 1.0,
+            "jobs": 1, "optuna": "5.0.0", "numpy": "2.4.6", "python": "3.11.7", "machine": "x86_64, 2 cores"}
+    payload = {"meta": meta,
+               "landscapes": {r["landscape"]: {"perturbed": False, "note": "", "grid": 1, "failures": {}, "front_size": 1,
+                                               "front_hv": 1.0, "scale": [1, 1, 1], "warm_start": {}, "concurrency": 8,
+                                               "request_tokens": 1024, "space": {}, "profile": "p", "family": True,
+                                               "ceiling": {"10": 0.99, "20": 1.0}} for r in runs},
+               "cells": cells, "unavailable": {}}
+    stored = tmp_path / "run.json"
+    stored.write_text(__import__("json").dumps(payload))
+    assert B.main(["--render", str(stored)]) == 0
+    text = (tmp_path / "run.md").read_text()
+    table = text[text.index("## P(start) reliability"):]
+    row = next(line for line in table.splitlines() if line.startswith("| model |"))
+    low, mid = row.split(" | ")[1:3]
+    assert low.startswith("0.65 -> 0.33 [") and "**outside**" in low and "12 landscapes" in low
+    assert mid.startswith("0.75 -> 0.75 [") and "outside" not in mid
+
+
+def test_rendering_a_file_that_is_not_a_stored_run_is_a_one_line_error(tmp_path, capsys):
+    bad = tmp_path / "notes.json"
+    bad.write_text("[1, 2]")
+    with pytest.raises(SystemExit) as stop:
+        B.main(["--render", str(bad)])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"--render {bad}: not a stored sampler_benchmark run" in err and "give the .json a run wrote" in err
