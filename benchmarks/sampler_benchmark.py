@@ -5,6 +5,8 @@
     python benchmarks/sampler_benchmark.py --quick         # 3 seeds, a smoke run (writes *_quick.*)
     python benchmarks/sampler_benchmark.py --samplers random,tpe-mv-s6 --landscapes qwen-demo
     python benchmarks/sampler_benchmark.py --landscapes none --family 10   # 10 drawn landscapes: mean and WORST
+    python benchmarks/sampler_benchmark.py --render benchmarks/results/sampler_benchmark_heldout.json
+                                                           # a stored run's report again, nothing run
 
 The GPSampler rows need torch, which the tuner does not install (it is a multi-GB download);
 without it they are listed as skipped.  The committed table was made in a separate venv with
