@@ -16,13 +16,14 @@ from tuner.config import BenchConfig, Config
 from tuner.measure.runner import Measurement, measure
 from tuner.measure.workload import Workload
 from tuner.errors import ConfigError, LaunchError
+from tuner.interrupts import checkpoint
 from tuner.server.client import ServerClient, ServerInfo
 from tuner.server.connection import Target, connected, refuse_if_answering
 from tuner.server.diagnose import classify
 from tuner.server.launch import LaunchSpec
 from tuner.server.readiness import Ready, wait_ready
 
-__all__ = ["Target", "connected", "launch", "measure_server", "launch_and_measure", "measure_running", "refuse_if_answering"]
+__all__ = ["Target", "connected", "launch", "measure_server", "launch_and_measure", "checked", "measure_running", "refuse_if_answering"]
 
 Phase = Callable[[str], None]
 
@@ -78,10 +79,20 @@ def _still_running(target: Target) -> None:
                           "the tuner launches", kind="fatal", fatal=True, log_tail=target.control.log()[-20000:])
 
 
+def checked(phase: Phase) -> Phase:
+    """`phase`, after `interrupts.checkpoint`: every step of a launch and a benchmark is a point
+    where a signal whose KeyboardInterrupt was lost still stops the run."""
+    def report(text: str) -> None:
+        checkpoint()
+        phase(text)
+    return report
+
+
 def launch_and_measure(target: Target, spec: LaunchSpec, workload: Workload, *, phase: Phase = lambda _: None,
                        on_ready: Callable[[Ready], None] = lambda _: None) -> tuple[Ready, Measurement]:
     """The whole sequence for callers with nothing to record in between (`on_ready` is told
     before the benchmark starts); the server is stopped afterwards, measured or not."""
+    phase = checked(phase)
     try:
         ready = launch(target, spec, phase=phase)
         on_ready(ready)
