@@ -37,6 +37,7 @@ PORT_BUSY_RETRIES = 3
 def launch(target: Target, spec: LaunchSpec, *, phase: Phase = lambda _: None) -> Ready:
     """Start `spec` (stopping what this control ran before, and waiting until its processes are
     gone) and wait until it is ready, or raise `LaunchError` saying why it never will be."""
+    phase = checked(phase)
     cfg = target.config.target
     for attempt in range(PORT_BUSY_RETRIES + 1):
         phase("launching")
@@ -60,6 +61,7 @@ def measure_server(target: Target, info: ServerInfo, workload: Workload, *, phas
                    bench: BenchConfig | None = None) -> Measurement:
     """Run the configured benchmark (or `bench`) against a ready server; raise `MeasureError`
     if it fails.  The configured one includes the search over load when an objective needs it."""
+    phase = checked(phase)
     m = measure(url=target.config.target.url, bench=bench or target.config.bench, info=info, workload=workload,
                 client=target.client, api_key=target.api_key, slo=None if bench else target.config.sweep_slo,
                 progress=lambda name, done, total: phase(f"{name} {done}/{total}"))
@@ -92,7 +94,6 @@ def launch_and_measure(target: Target, spec: LaunchSpec, workload: Workload, *, 
                        on_ready: Callable[[Ready], None] = lambda _: None) -> tuple[Ready, Measurement]:
     """The whole sequence for callers with nothing to record in between (`on_ready` is told
     before the benchmark starts); the server is stopped afterwards, measured or not."""
-    phase = checked(phase)
     try:
         ready = launch(target, spec, phase=phase)
         on_ready(ready)

@@ -28,7 +28,7 @@ from tuner.search import history
 from tuner.search.recovery import recover_stale_trials
 from tuner.search.space import suggest
 from tuner.search.warm_start import family_default_from_server
-from tuner.sequence import Target, checked, launch, measure_server
+from tuner.sequence import Target, launch, measure_server
 from tuner.sglang_args import Params, redact
 from tuner.server.client import ServerInfo
 from tuner.server.diagnose import runtime_memory_failure
@@ -140,7 +140,7 @@ class TrialRunner:
             raise
 
     def _run(self, trial: optuna.Trial, spec: LaunchSpec) -> list[float]:
-        phase = checked(self.reporter.phase)
+        phase = self.reporter.phase
         try:
             ready = launch(self.target, spec, phase=phase)
             self._check_hardware(trial, ready.info)
