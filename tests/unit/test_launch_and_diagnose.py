@@ -32,6 +32,8 @@ SGLANG_LOGS = {
     "assert": ("Traceback (most recent call last):\n  File \"x\", line 1\nAssertionError", 1, "invalid", False),
     "port": ("[2026-01-01] ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', 30000): address already in use", 1, "fatal", True),
     "no_python_module": ("/usr/bin/python3: Error while finding module specification for 'sglang.launch_server' (ModuleNotFoundError: No module named 'sglang')", 1, "fatal", True),
+    # `python -m sglang_emulator` run by a Python without it (the venv's not first on PATH)
+    "no_top_module": ("/root/.pyenv/versions/3.11.7/bin/python: No module named sglang_emulator", 1, "fatal", True),
     "crash": ("Traceback (most recent call last):\nRuntimeError: NCCL error: unhandled system error", 1, "exit", False),
 }
 

@@ -146,6 +146,11 @@ def classify(log: str, exit_code: int | None, *, params: str = "") -> Failure:
     spec_error = re.search(r"Error while finding module specification for '([\w.]+)' \((\w+Error: [^)]*)\)", log)
     if spec_error:
         return Failure("fatal", f"the target's Python cannot import {spec_error.group(1)} ({spec_error.group(2)}); install it there or fix the interpreter in [server] command", fatal=True)
+    # `python -m pkg` with pkg missing prints only "<interpreter>: No module named pkg" (runpy),
+    # no traceback: the interpreter in [server] command is not the one SGLang is installed in.
+    runpy_missing = re.search(r"^(\S*python[\w.]*): No module named ([\w.]+)\s*$", log, re.M)
+    if runpy_missing:
+        return Failure("fatal", f"{runpy_missing.group(1)} has no module {runpy_missing.group(2)}; install it there or fix the interpreter in [server] command", fatal=True)
     if exception and exception.startswith("ModuleNotFoundError"):
         return Failure("fatal", f"the target's Python lacks a module ({_shorten(exception, 100)}); install SGLang there or fix the interpreter in [server] command", fatal=True)
     for pattern in _INVALID:
