@@ -112,7 +112,8 @@ def study_view(result: RunResult, config: Config, trials: int) -> View:
     comparisons = compare(study, result.baselines) if result.baselines else []
     if result.baselines:
         blocks.append(baselines_table(result.baselines, names))
-        blocks += [line for c in comparisons for line in c.lines]
+        # Plain text, not markup: a baseline's failure reason says "fix [server] command".
+        blocks += [Text(line) for c in comparisons for line in c.lines]
     return View(_study_json(result, config, names, comparisons), blocks)
 
 

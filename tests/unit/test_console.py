@@ -169,6 +169,31 @@ def test_the_report_and_the_dashboard_note_show_the_baseline_arms(tmp_path):
     assert "| no speculation | COMPLETE | 60.0 | 500.0 | 50.0 |" in note and "over no speculation" in note
 
 
+def test_a_baseline_failure_reason_prints_its_brackets(tmp_path, capsys):
+    """A reason naming a config section ("fix [server] command") is text, not console markup:
+    the section used to vanish from the line under the baselines table."""
+    import io
+
+    from rich.console import Console
+
+    from tuner import output
+    from tuner.study import RunResult
+    from tuner.measure.objectives import load_objectives
+    from tuner.results import baselines
+
+    study = _study_with_arms(tmp_path)
+    sibling = optuna.load_study(study_name="s@baselines", storage=f"sqlite:///{tmp_path}/b.db")
+    sibling.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.PRUNED, user_attrs={
+        "baseline": "adaptive", "fail_reason": "python has no module sglang; fix the interpreter in [server] command"}))
+    arms = baselines.load(optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/b.db"), "s")
+    result = RunResult(study=study, objectives=load_objectives(["single_tps", "concurrent_tps", "capacity"], [16]), baselines=arms)
+    view = output.study_view(result, _config(), 1)
+    terminal = Console(file=io.StringIO(), width=400)
+    output.show(view, "table", terminal)
+    assert "fix the interpreter in [server] command); measured again on the next run" in terminal.file.getvalue()
+    assert "in [server] command" in output.render_markdown(view)
+
+
 def test_an_interrupted_baseline_records_why(tmp_path):
     from types import SimpleNamespace
 
