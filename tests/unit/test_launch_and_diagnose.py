@@ -34,6 +34,12 @@ SGLANG_LOGS = {
     "no_python_module": ("/usr/bin/python3: Error while finding module specification for 'sglang.launch_server' (ModuleNotFoundError: No module named 'sglang')", 1, "fatal", True),
     # `python -m sglang_emulator` run by a Python without it (the venv's not first on PATH)
     "no_top_module": ("/root/.pyenv/versions/3.11.7/bin/python: No module named sglang_emulator", 1, "fatal", True),
+    "mamba_interval": ('Traceback (most recent call last):\n  File "mamba_hook.py", line 132, in validate_mamba_extra_buffer\n'
+                       "    assert view.mamba_track_interval >= view.speculative_num_draft_tokens\nAssertionError", 1, "invalid", False),
+    # A hybrid's server_args line names mamba_track_interval and speculative_num_draft_tokens: no rule of its own
+    "hybrid_crash": ("server_args=ServerArgs(mamba_track_interval=256, speculative_num_draft_tokens=4, linear_attn_backend='triton')\n"
+                     "Scheduler hit an exception: Traceback (most recent call last):\n"
+                     "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error", 1, "exit", False),
     "crash": ("Traceback (most recent call last):\nRuntimeError: NCCL error: unhandled system error", 1, "exit", False),
 }
 

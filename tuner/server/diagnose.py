@@ -76,7 +76,9 @@ _INVALID = (
     re.compile(r"(trtllm_mha backend only supports topk = 1.*?)$", re.M),
     re.compile(r"(--speculative-num-steps=\d+ is not in the adaptive config.*?)$", re.M),
     re.compile(r"(--speculative-use-rejection-sampling requires.*?)$", re.M),
-    re.compile(r"(mamba_track_interval.*speculative_num_draft_tokens.*?)$", re.M),
+    # A bare assert (mamba_hook.py · validate_mamba_extra_buffer): the traceback's source line.
+    # Anchored on it: the log's server_args=ServerArgs(...) line names both fields too.
+    re.compile(r"^\s*(assert \S*mamba_track_interval\s*>=\s*\S*speculative_num_draft_tokens.*?)$", re.M),
     # 0.5.9's wordings of the same rules (server_args.py of that release)
     re.compile(r"(.*?only supported for the 'flashinfer' backend.*?)$", re.M),
     re.compile(r"(Spec v2 currently only supports topk = 1.*?)$", re.M),
