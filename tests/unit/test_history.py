@@ -37,9 +37,20 @@ def test_kv_failure_rules_out_lower_fractions_with_as_many_drafts():
     assert check(Params(4, 1, 5, 0.70), [kv]) is None
 
 
-def test_other_failures_and_settled_trials_are_not_evidence():
+def test_a_shape_sglang_rejected_is_rejected_at_every_fraction_and_no_other_shape_is():
+    # A hybrid server whose every launch was classified "invalid" was asked the same flags for
+    # all 20 trials: SGLang's rules on a shape (topk vs backend, draft tokens vs
+    # mamba_track_interval) do not look at the mem fraction.
     invalid = _trial(2, Params(2, 2, 8, 0.8), TrialState.PRUNED, kind="invalid")
-    assert check(Params(2, 2, 8, 0.9), [invalid]) is None
+    verdict = check(Params(2, 2, 8, 0.9), [invalid])
+    assert verdict.kind == "ruled_out" and "SGLang rejected the same speculative flags" in verdict.reason
+    assert check(Params(2, 2, 7, 0.8), [invalid]) is None
+    assert check(Params(2, 1, 3, 0.8), [invalid]) is None
+
+
+def test_other_failures_and_settled_trials_are_not_evidence():
+    crash = _trial(2, Params(2, 2, 8, 0.8), TrialState.PRUNED, kind="exit")
+    assert check(Params(2, 2, 8, 0.8), [crash]) is None
     copied = _trial(4, Params(2, 1, 3, 0.85), TrialState.COMPLETE, values=[1.0])
     copied.user_attrs["duplicate_of"] = 3
     assert check(Params(2, 1, 3, 0.85), [copied]) is None

@@ -299,6 +299,18 @@ def test_two_workers_starting_together_launch_two_shapes():
     assert (second.speculative_num_steps, second.speculative_eagle_topk) == (3, 1)
 
 
+def test_a_first_launch_sglang_rejected_is_not_asked_again():
+    # Nothing has completed and the deepest chain was rejected ("invalid": SGLang's rule on the
+    # shape, at any fraction): the next designed launch is another shape, not the same flags.
+    study = _study(_sampler())
+    trial, first = _run_one(study, tell=False)
+    trial.set_user_attr(record.FAILURE_KIND, "invalid")
+    study.tell(trial, state=TrialState.PRUNED)
+    _, second = _run_one(study, tell=False)
+    assert (first.speculative_num_steps, first.speculative_eagle_topk) == (4, 1)
+    assert (second.speculative_num_steps, second.speculative_eagle_topk) == (3, 1)
+
+
 def test_shapes_a_shallower_tree_or_the_chain_beats_by_construction_are_not_candidates():
     # EAGLE verifies the draft - 1 most probable nodes, none deeper than draft - 1: (3, 2, 3)
     # verifies what (2, 2, 3) does with one more draft forward; a two-token tree verifies the

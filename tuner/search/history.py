@@ -7,6 +7,8 @@
     needs at least as much graph memory out of a smaller slack;
   * KV pool too small at (draft, mfs): a lower or equal mem fraction with at least as many
     draft tokens leaves no more room (hybrid models also store per-draft-token state).
+- A shape SGLang rejected (diagnose's "invalid": topk against the attention backend, draft tokens
+  against mamba_track_interval) is rejected at every mem fraction.
 """
 
 from __future__ import annotations
@@ -89,6 +91,13 @@ def check(params: Params, trials: list[FrozenTrial], *, current: int | None = No
                 "ruled_out",
                 f"ruled out by trial {t.number}: its KV cache did not fit at {_describe(o)}, "
                 "and these parameters leave no more room for it",
+                t,
+            )
+        if kind == "invalid" and all(getattr(p, k) == getattr(o, k) for k in _KEYS if k != "mem_fraction_static"):
+            return Verdict(
+                "ruled_out",
+                f"ruled out by trial {t.number}: SGLang rejected the same speculative flags at {_describe(o)} "
+                "(its rules do not depend on the mem fraction)",
                 t,
             )
     return None

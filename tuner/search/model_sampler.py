@@ -194,7 +194,12 @@ class ModelSampler(optuna.samplers.BaseSampler):
         # Another worker already launching the deepest chain: the next one, so that two
         # workers starting together measure two shapes (the model pools their depths).
         running = {c[:3] for t in trials if t.state == TrialState.RUNNING and (c := _config(t)) is not None}
-        order = sorted(chains or shapes, key=lambda s: (-s[0], s[2]))
+        # A shape SGLang rejected, or whose server died for no reason the log ties to memory: the
+        # next first launch tries another (the same flags would only repeat it; tuner/study.py
+        # ends a run whose launches keep dying alike).
+        rejected = {c[:3] for t in trials if t.user_attrs.get(record.FAILURE_KIND) in ("invalid", "exit") and (c := _config(t)) is not None}
+        order = [s for s in sorted(chains or shapes, key=lambda s: (-s[0], s[2])) if s not in rejected] or \
+            [s for s in sorted(shapes, key=lambda s: (-s[0], s[2])) if s not in rejected] or sorted(shapes)
         shape = next((s for s in order if s not in running), order[0])
         lo, hi = mfs_values[0], mfs_values[-1]
         start = self._base.mem_fraction_static if self._base and self._base.mem_fraction_static else lo + 0.55 * (hi - lo)
@@ -417,7 +422,8 @@ def _excluded(cand: np.ndarray, trials: list[FrozenTrial]) -> np.ndarray:
     """Measured (or below a measured fraction of its shape), being measured, or ruled out by a
     memory failure (tuner/search/history.py's rules:
     a graph OOM rules out everything at least as large at an equal or higher fraction, a KV
-    failure everything with as many draft tokens at an equal or lower one)."""
+    failure everything with as many draft tokens at an equal or lower one), or a shape SGLang
+    rejected."""
     out = _pending(cand, trials)
     keys = [tuple(int(x) for x in row[:3]) + (round(float(row[3]), 6),) for row in cand]
     # Measured, and a measured shape at a lower fraction: its measurement dominates it (the same
@@ -440,6 +446,8 @@ def _excluded(cand: np.ndarray, trials: list[FrozenTrial]) -> np.ndarray:
             out |= np.all(cand >= np.array(c, dtype=float) - 1e-9, axis=1)
         elif kind == "memory_kv":
             out |= (cand[:, 3] <= c[3] + 1e-9) & (cand[:, 2] >= c[2])
+        elif kind == "invalid":  # SGLang's rules on a shape do not depend on the fraction
+            out |= np.all(np.abs(cand[:, :3] - np.array(c[:3], dtype=float)) < 1e-9, axis=1)
     return out
 
 
