@@ -12,7 +12,8 @@ Environment knobs (emulator only, never read by the tuner):
   SGLANG_EMULATOR_LOAD_SCALE   multiplies start-up durations on top of it (default 1.0)
   SGLANG_EMULATOR_SEED         seeds step-time noise and sampled acceptance
   SGLANG_EMULATOR_NOISE        relative std-dev of a decode step's time (default 0.02)
-  SGLANG_EMULATOR_FAULT        crash_after_tokens=N | hang_after_tokens=N | exit_after_tokens=N
+  SGLANG_EMULATOR_FAULT        crash_after_tokens=N | hang_after_tokens=N | exit_after_tokens=N |
+                               nccl_at_init (every launch dies in distributed init, whatever its flags)
   SGLANG_EMULATOR_PROFILE      a JSON profile (see profiles.py) instead of the built-in ones
   SGLANG_EMULATOR_VERSION      0.5.23 (default) or 0.5.9: flag table, /server_info.version,
                                wordings, /v1/loads fields and chat extensions of that release
@@ -190,6 +191,13 @@ def _run_scheduler(resolved: Resolved, write_fd: int, parent: int, load_scale: f
         time.sleep(3600)
 
 
+class DistBackendError(RuntimeError):
+    """torch.distributed's NCCL failure, as a scheduler's traceback names it."""
+
+
+DistBackendError.__module__ = "torch.distributed"
+
+
 def _load_weights(resolved: Resolved, log: logging.Logger, load_scale: float) -> tuple[m.MemoryPlan | None, Exception | None]:
     """Distributed init and the weights (target, then draft), logged as model_runner.py does;
     the memory plan (or why it fails) is worked out while they load."""
@@ -198,6 +206,9 @@ def _load_weights(resolved: Resolved, log: logging.Logger, load_scale: float) ->
     pre = profile.gpu.total_mib / 1024 - profile.gpu.context_mib / 1024
     log.info("Init torch distributed begin.")
     time.sleep(1.5 * load_scale)
+    if os.environ.get("SGLANG_EMULATOR_FAULT") == "nccl_at_init":  # whatever the flags: a host's fault
+        raise DistBackendError("NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, unhandled system "
+                               "error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5")
     log.info(f"Init torch distributed ends. elapsed={1.5 * load_scale:.2f} s, mem usage={profile.gpu.context_mib / 1024:.2f} GB")
     log.info(f"Load weight begin. avail mem={pre:.2f} GB")
     time.sleep(profile.load_s * load_scale)

@@ -83,6 +83,23 @@ def test_a_missing_model_ends_the_study(tmp_path):
     assert len(_study(tmp_path).trials) == 1
 
 
+def test_a_server_that_dies_alike_whatever_its_flags_ends_the_study_after_three_launches(tmp_path):
+    """An NCCL failure in distributed init is no pattern diagnose ties to a flag (an "exit"):
+    each trial is pruned with it, and the third alike ends the run instead of spending the other
+    17 launches (model loads) on it."""
+    config = write_config(tmp_path, env='SGLANG_EMULATOR_LOAD_SCALE = "0.005", SGLANG_EMULATOR_FAULT = "nccl_at_init"')
+    result = run_cli("--trials", "20", "--config", str(config))
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: the last 3 launches failed alike: the server exited"), last
+    assert "NCCL error in" in last and "fix the target or [server] command" in last
+    trials = _study(tmp_path).trials
+    assert len(trials) == 3 and all(t.state == TrialState.PRUNED for t in trials)
+    # after a crash the next launch is another shape, not the same flags again
+    assert len({(t.params.get("speculative_num_steps"), t.params.get("speculative_eagle_topk")) for t in trials}) == 3
+    assert "Traceback" not in result.stderr
+
+
 def test_a_server_that_never_answers_is_pruned_at_the_timeout(tmp_path):
     config = write_config(tmp_path, ready_timeout_s=2, env='SGLANG_EMULATOR_LOAD_SCALE = "1"',
                           space="speculative_num_steps = { choices = [2] }")
