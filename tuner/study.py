@@ -91,8 +91,8 @@ def _measure_baselines(config: Config, runner: TrialRunner, study: optuna.Study,
     return baselines.load(storage, study.study_name)
 
 
-# A server that dies the same way on this many launches in a row, for no reason diagnose can
-# tie to the searched flags ("exit": a crash it has no pattern for, say an NCCL or driver error),
+# A server that never started and dies the same way on this many launches in a row, for no
+# reason diagnose can tie to the searched flags ("exit": a crash it has no pattern for, say an NCCL or driver error),
 # will die so on every other: each further launch is a model load (~100 s of the seed's four
 # GPUs) that can only repeat it.  Three, not one: a single crash can be the configuration's own.
 SAME_FAILURE_LIMIT = 3
@@ -100,9 +100,14 @@ SAME_FAILURE_LIMIT = 3
 
 def same_failure(study: optuna.Study) -> str | None:
     """The reason the study's last SAME_FAILURE_LIMIT launches all failed with, if they did
-    (kind "exit", one reason); None otherwise.  Settled trials (duplicates, ruled out) are no launches."""
+    (kind "exit", one reason) and no launch of the study ever started; None otherwise.  Once one
+    has started, the host and the command work, and a crash that repeats belongs to the flags
+    (a server's OOM wording diagnose does not know, say): the search must go on to avoid them.
+    Settled trials (duplicates, ruled out) are no launches."""
     launched = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED))
                 if t.user_attrs.get(record.DUPLICATE_OF) is None and t.user_attrs.get(record.RULED_OUT_BY) is None]
+    if any(t.state == optuna.trial.TrialState.COMPLETE for t in launched):
+        return None
     last = sorted(launched, key=lambda t: t.number)[-SAME_FAILURE_LIMIT:]
     if len(last) < SAME_FAILURE_LIMIT or any(t.user_attrs.get(record.FAILURE_KIND) != "exit" for t in last):
         return None

@@ -64,3 +64,30 @@ def test_of_two_workers_on_the_same_flags_only_the_later_waits():
     assert check(p, [a, b], current=7) is None
     verdict = check(p, [a, b], current=8)
     assert verdict.kind == "running" and verdict.trial.number == 7
+
+
+def test_three_launches_dying_alike_end_a_study_only_while_nothing_has_started():
+    import optuna
+
+    from tuner.study import same_failure
+
+    crash = "the server exited (exit 1) before it was ready: DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970"
+
+    def study_of(*rows):
+        study = optuna.create_study(directions=["maximize"] * 3)
+        for state, kind, reason in rows:
+            attrs = {"failure_kind": kind, "fail_reason": reason} if kind else {}
+            study.add_trial(create_trial(state=state, values=[1.0, 1.0, 1.0] if state == TrialState.COMPLETE else None,
+                                         user_attrs=attrs, params={}, distributions={}))
+        return study
+
+    dead = (TrialState.PRUNED, "exit", crash)
+    assert same_failure(study_of(dead, dead, dead)) == crash
+    assert same_failure(study_of(dead, dead)) is None  # two: may still be the flags'
+    assert same_failure(study_of(dead, (TrialState.PRUNED, "exit", crash + " (other)"), dead)) is None
+    oom = (TrialState.PRUNED, "memory_graph", "CUDA graph OOM")
+    assert same_failure(study_of(oom, dead, dead, dead)) == crash  # in a row
+    assert same_failure(study_of(dead, oom, dead, dead)) is None
+    # once a launch has started, the host works: a repeating crash is the flags' (an OOM wording
+    # diagnose does not know), and the search goes on to avoid it
+    assert same_failure(study_of((TrialState.COMPLETE, None, None), dead, dead, dead)) is None
