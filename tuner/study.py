@@ -3,7 +3,7 @@
 `run_study` opens (or resumes) the Optuna study, connects to the target, measures the
 baselines the study lacks, warm-starts a new study, and runs trials (`tuner.trial`) with
 `study.optimize`.  A launch error no parameter can fix ends the study after that first trial,
-and so do SAME_FAILURE_LIMIT launches in a row that failed alike for no reason the flags explain.
+and so do history.SAME_FAILURE_LIMIT launches in a row that failed alike for no reason the flags explain.
 The target is restored (our server stopped, the operator's unit put back) on every way out.
 """
 
@@ -24,6 +24,7 @@ from tuner.results.optuna_private import storage_of
 from tuner.results.picks import pick
 from tuner.results.storage import open_storage
 from tuner.results.record import params_of
+from tuner.search import history
 from tuner.search.recovery import fail_interrupted, recover_stale_trials
 from tuner.search.samplers import make_sampler
 from tuner.search.space import check_compatible
@@ -91,36 +92,12 @@ def _measure_baselines(config: Config, runner: TrialRunner, study: optuna.Study,
     return baselines.load(storage, study.study_name)
 
 
-# A server that never started and dies the same way on this many launches in a row, for no
-# reason diagnose can tie to the searched flags ("exit": a crash it has no pattern for, say an NCCL or driver error),
-# will die so on every other: each further launch is a model load (~100 s of the seed's four
-# GPUs) that can only repeat it.  Three, not one: a single crash can be the configuration's own.
-SAME_FAILURE_LIMIT = 3
-
-
-def same_failure(study: optuna.Study) -> str | None:
-    """The reason the study's last SAME_FAILURE_LIMIT launches all failed with, if they did
-    (kind "exit", one reason) and no launch of the study ever started; None otherwise.  Once one
-    has started, the host and the command work, and a crash that repeats belongs to the flags
-    (a server's OOM wording diagnose does not know, say): the search must go on to avoid them.
-    Settled trials (duplicates, ruled out) are no launches."""
-    launched = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED))
-                if t.user_attrs.get(record.DUPLICATE_OF) is None and t.user_attrs.get(record.RULED_OUT_BY) is None]
-    if any(t.state == optuna.trial.TrialState.COMPLETE for t in launched):
-        return None
-    last = sorted(launched, key=lambda t: t.number)[-SAME_FAILURE_LIMIT:]
-    if len(last) < SAME_FAILURE_LIMIT or any(t.user_attrs.get(record.FAILURE_KIND) != "exit" for t in last):
-        return None
-    reasons = {t.user_attrs.get(record.FAIL_REASON) for t in last}
-    return reasons.pop() if len(reasons) == 1 else None
-
-
 def _stop_rule(patience: int | None, reporter: Reporter) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
     def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         recover_stale_trials(study, reporter.warning)  # a same-host worker that died since
-        reason = same_failure(study)
+        reason = history.same_failure(study)
         if reason is not None:  # ends the run as a fatal launch error does (_run_on_target)
-            raise LaunchError(f"the last {SAME_FAILURE_LIMIT} launches failed alike: {reason}; nothing the search varies "
+            raise LaunchError(f"the last {history.SAME_FAILURE_LIMIT} launches failed alike: {reason}; nothing the search varies "
                               "explains it: fix the target or [server] command, then run again", kind="fatal", fatal=True)
         if patience and hypervolume.stalled(study, patience):
             reporter.warning(f"the last {patience} trials grew the front's hypervolume by under 1%: stopping (--patience {patience})")

@@ -69,7 +69,7 @@ def test_of_two_workers_on_the_same_flags_only_the_later_waits():
 def test_three_launches_dying_alike_end_a_study_only_while_nothing_has_started():
     import optuna
 
-    from tuner.study import same_failure
+    from tuner.search.history import same_failure
 
     crash = "the server exited (exit 1) before it was ready: DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970"
 

@@ -7,6 +7,8 @@
     needs at least as much graph memory out of a smaller slack;
   * KV pool too small at (draft, mfs): a lower or equal mem fraction with at least as many
     draft tokens leaves no more room (hybrid models also store per-draft-token state).
+- Launches that die alike before any has started (tuner/study.py ends the run on them,
+  `same_failure`): the host or the command is at fault, not the flags.
 - A shape SGLang rejected (diagnose's "invalid": topk against the attention backend, draft tokens
   against mamba_track_interval) is rejected at every mem fraction.
 """
@@ -22,7 +24,7 @@ from tuner.sglang_args import SEARCHED, Params
 from tuner.results.record import params_of
 from tuner.results import record
 
-__all__ = ["Verdict", "check"]
+__all__ = ["Verdict", "check", "same_failure", "SAME_FAILURE_LIMIT"]
 
 _KEYS = SEARCHED
 
@@ -105,6 +107,30 @@ def check(params: Params, trials: list[FrozenTrial], *, current: int | None = No
 
 def _describe(p: Params) -> str:
     return ", ".join(f"{k}={v}" for k, v in p.as_dict().items())
+
+
+# A server that never started and dies the same way on this many launches in a row, for no
+# reason diagnose can tie to the searched flags ("exit": a crash it has no pattern for, say an NCCL or driver error),
+# will die so on every other: each further launch is a model load (~100 s of the seed's four
+# GPUs) that can only repeat it.  Three, not one: a single crash can be the configuration's own.
+SAME_FAILURE_LIMIT = 3
+
+
+def same_failure(study: optuna.Study) -> str | None:
+    """The reason the study's last SAME_FAILURE_LIMIT launches all failed with, if they did
+    (kind "exit", one reason) and no launch of the study ever started; None otherwise.  Once one
+    has started, the host and the command work, and a crash that repeats belongs to the flags
+    (a server's OOM wording diagnose does not know, say): the search must go on to avoid them.
+    Settled trials (duplicates, ruled out) are no launches."""
+    launched = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+                if t.user_attrs.get(record.DUPLICATE_OF) is None and t.user_attrs.get(record.RULED_OUT_BY) is None]
+    if any(t.state == TrialState.COMPLETE for t in launched):
+        return None
+    last = sorted(launched, key=lambda t: t.number)[-SAME_FAILURE_LIMIT:]
+    if len(last) < SAME_FAILURE_LIMIT or any(t.user_attrs.get(record.FAILURE_KIND) != "exit" for t in last):
+        return None
+    reasons = {t.user_attrs.get(record.FAIL_REASON) for t in last}
+    return reasons.pop() if len(reasons) == 1 else None
 
 
 def finished(study: optuna.Study) -> list[FrozenTrial]:

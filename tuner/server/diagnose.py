@@ -108,6 +108,25 @@ def _match(table, log: str) -> str | None:
     return None
 
 
+def _missing_program(log: str, exit_code: int | None, exception: str | None) -> Failure | None:
+    """The launch command cannot run on the target: no such program, or a Python without SGLang."""
+    if exit_code == 127 or re.search(r"^(?:sh|bash|env): .*(?:not found|No such file or directory)", log, re.M):
+        line = re.search(r"^(?:sh|bash|env): (.*)$", log, re.M)
+        what = _shorten(line.group(1), 100) if line else "the command"
+        return Failure("fatal", f"the target cannot run the launch command ({what}); fix [server] command", fatal=True)
+    spec_error = re.search(r"Error while finding module specification for '([\w.]+)' \((\w+Error: [^)]*)\)", log)
+    if spec_error:
+        return Failure("fatal", f"the target's Python cannot import {spec_error.group(1)} ({spec_error.group(2)}); install it there or fix the interpreter in [server] command", fatal=True)
+    # `python -m pkg` with pkg missing prints only "<interpreter>: No module named pkg" (runpy),
+    # no traceback: the interpreter in [server] command is not the one SGLang is installed in.
+    runpy_missing = re.search(r"^(\S*python[\w.]*): No module named ([\w.]+)\s*$", log, re.M)
+    if runpy_missing:
+        return Failure("fatal", f"{runpy_missing.group(1)} has no module {runpy_missing.group(2)}; install it there or fix the interpreter in [server] command", fatal=True)
+    if exception and exception.startswith("ModuleNotFoundError"):
+        return Failure("fatal", f"the target's Python lacks a module ({_shorten(exception, 100)}); install SGLang there or fix the interpreter in [server] command", fatal=True)
+    return None
+
+
 def classify(log: str, exit_code: int | None, *, params: str = "") -> Failure:
     """Classify a server that exited (or logged a terminal failure) before it was ready.
 
@@ -141,20 +160,9 @@ def classify(log: str, exit_code: int | None, *, params: str = "") -> Failure:
     if reason:
         return Failure("fatal", reason, fatal=True)
     exception = _last_exception_line(log)
-    if exit_code == 127 or re.search(r"^(?:sh|bash|env): .*(?:not found|No such file or directory)", log, re.M):
-        line = re.search(r"^(?:sh|bash|env): (.*)$", log, re.M)
-        what = _shorten(line.group(1), 100) if line else "the command"
-        return Failure("fatal", f"the target cannot run the launch command ({what}); fix [server] command", fatal=True)
-    spec_error = re.search(r"Error while finding module specification for '([\w.]+)' \((\w+Error: [^)]*)\)", log)
-    if spec_error:
-        return Failure("fatal", f"the target's Python cannot import {spec_error.group(1)} ({spec_error.group(2)}); install it there or fix the interpreter in [server] command", fatal=True)
-    # `python -m pkg` with pkg missing prints only "<interpreter>: No module named pkg" (runpy),
-    # no traceback: the interpreter in [server] command is not the one SGLang is installed in.
-    runpy_missing = re.search(r"^(\S*python[\w.]*): No module named ([\w.]+)\s*$", log, re.M)
-    if runpy_missing:
-        return Failure("fatal", f"{runpy_missing.group(1)} has no module {runpy_missing.group(2)}; install it there or fix the interpreter in [server] command", fatal=True)
-    if exception and exception.startswith("ModuleNotFoundError"):
-        return Failure("fatal", f"the target's Python lacks a module ({_shorten(exception, 100)}); install SGLang there or fix the interpreter in [server] command", fatal=True)
+    missing = _missing_program(log, exit_code, exception)
+    if missing is not None:
+        return missing
     for pattern in _INVALID:
         match = pattern.search(log)
         if match:
