@@ -563,3 +563,19 @@ def test_a_four_gpu_rank_is_less_sure_of_a_fraction_no_launch_reached():
         p[gpus] = model.predict(*above).p_start
     assert p[4][0] == p[1][0] == 1.0  # where it started
     assert p[1][1] < 0.95 and p[4][1] < p[1][1] - 0.05, p  # above it: the wider range is less sure
+
+
+def test_an_unseen_tree_width_is_half_as_novel_once_another_width_fixed_the_rank_law():
+    # qwen-demo's worst seeds spent their last launches on topk-4 trees at the full novelty of an
+    # unmeasured tree although (4, 2, 6) had fixed the rank law's share (23 landscapes, 20 seeds:
+    # HV at 10 97.37 -> 97.55%, four landscapes below 95% -> one).
+    from types import SimpleNamespace
+
+    def novelty(measured_steps):
+        stub = SimpleNamespace(measured_steps=measured_steps, memory=SimpleNamespace(max_draft={1: 4, 2: 6}),
+                               _verifies_chain=lambda s, k, d: False)
+        return M.Model._shape_novelty(stub, 4, 4, 6)
+
+    assert novelty({1: 3}) == 1.0  # no tree measured: nothing known of any width
+    assert novelty({1: 3, 2: 4}) == 0.5
+    assert novelty({1: 3, 4: 4}) == 0.0

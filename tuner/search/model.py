@@ -1085,7 +1085,9 @@ class Model:
         if k not in self.measured_steps and 1 in self.measured_steps and self._verifies_chain(s, k, d):
             k = 1  # its acceptance is the chain's whatever the siblings take: as sure as the chain
         if k not in self.measured_steps:
-            return 1.0
+            # Another tree width measured fixed the rank law's share: only this width's own
+            # calibration is unknown.
+            return 0.5 if any(x > 1 for x in self.measured_steps) else 1.0
         deeper = max(0, s - self.measured_steps[k])
         wider = max(0, d - self.memory.max_draft.get(k, d)) / max(d, 1)
         return min(1.0, 0.15 * deeper + wider)
