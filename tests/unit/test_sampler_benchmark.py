@@ -53,6 +53,17 @@ def test_late_trials_take_no_long_shot_for_a_small_gain():
     assert run["at"][20]["hv"] > 0.97
 
 
+def test_a_study_that_failed_once_takes_no_second_long_shot_before_its_tenth_launch():
+    # tp4:30, a four-GPU world no change was tuned on, seed 0: its reserve probe failed at the
+    # fourth launch, and at the ninth a launch at P(start) 0.73 for a small gain failed too: two
+    # failed launches in ten.  One failure per ten launches is the allowance; within the first
+    # ten a second one costs double, and the study keeps its front.
+    run = B.simulate("tp4:30", "auto: model (--sampler model) (DEFAULT)", seed=0, n_trials=10)
+    failed = run["at"][10]["memory_graph"] + run["at"][10]["memory_kv"]
+    assert failed == 1, run["p_start"]
+    assert run["at"][10]["hv"] > 0.99, run["at"][10]
+
+
 def test_after_two_failed_launches_the_study_takes_no_long_shot(monkeypatch):
     # family:7 drawn with a 12% capture reserve (beyond the model's 10% prior): every fraction
     # above the warm start's 0.83 fails.  Each reserve probe above it was an honest P(start)
