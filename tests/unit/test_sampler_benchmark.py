@@ -64,6 +64,18 @@ def test_a_study_that_failed_once_takes_no_second_long_shot_before_its_tenth_lau
     assert run["at"][10]["hv"] > 0.99, run["at"][10]
 
 
+def test_a_reserve_probe_after_the_first_failure_is_still_taken():
+    # family:0 seed 16: the first probe, (5, 4, 8) at 0.88, fails.  The probe that follows, the
+    # same shape at 0.85 (P(start) 0.64), starts and pins the reserve, and every later shape goes
+    # to its edge.  Priced as a gamble beyond the allowance it was not taken: the study climbed
+    # one step at a time and reached 89% of the front's hypervolume at 10 launches, not 97%.
+    run = B.simulate("family:0", "auto: model (--sampler model) (DEFAULT)", seed=16, n_trials=10)
+    calls = sorted(run["p_start"], key=lambda call: call[2])
+    assert [started for _, started, _ in calls[:2]] == [False, True], calls
+    assert 0.55 <= calls[1][0] <= 0.8, calls  # the second call is a probe
+    assert run["at"][10]["hv"] > 0.95, run["at"][10]
+
+
 def test_after_two_failed_launches_the_study_takes_no_long_shot(monkeypatch):
     # family:7 drawn with a 12% capture reserve (beyond the model's 10% prior): every fraction
     # above the warm start's 0.83 fails.  Each reserve probe above it was an honest P(start)
