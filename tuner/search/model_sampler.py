@@ -326,7 +326,7 @@ _PROBE_FAILURES = 2
 # asks of a study and an operator forgives.  A study that failed once in its first ten launches
 # pays double for the next failure until its tenth launch, and the base price again after it; a
 # reserve probe is priced within the allowance (it is the price of learning the edge: a probe
-# after a failure started 88-100% of the time on the held-out worlds).  Held out, 50 four-GPU
+# after a failure started 88-96% of the time on the held-out worlds).  Held out, 50 four-GPU
 # worlds (`sampler_benchmark.py --landscapes none --family-tp4 50 --family-first 8 --seeds 1`):
 # failed launches in the first ten 1.18 -> 1.06 a study, worlds with two 11 -> 5, HV at 10
 # 97.82 -> 97.73%, at 20 98.47 -> 98.41%; the 23 landscapes 97.55 -> 97.45% at 10, 98.95% at 20
