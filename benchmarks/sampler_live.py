@@ -4,6 +4,7 @@
     python benchmarks/sampler_live.py --landscapes qwen-demo --samplers model --budgets 4   # a smoke run
     python benchmarks/sampler_live.py --seeds 3 --budgets 10,20 --out /tmp/live
     python benchmarks/sampler_live.py --sglang-version 0.5.9 --landscapes family:2 --samplers model --budgets 10
+    python benchmarks/sampler_live.py --landscapes family:2,tp4:7 --samplers model --seeds 20 --budgets 10 --jobs 3
 
 The online counterpart of `benchmarks/sampler_benchmark.py`.  That one replays the tuner's trial
 loop with `ask`/`tell` and simulated measurements; this one runs the tuner itself,
@@ -36,6 +37,7 @@ Writes <out>.md and <out>.json (default benchmarks/results/sampler_live).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import json
 import os
@@ -179,10 +181,25 @@ def write_config(tmp: Path, spec: LandscapeSpec, srv: Served, port: int, name: s
     return path
 
 
+_TAKEN_PORTS: set[int] = set()
+# The tuners running now: each is in its own session (a Ctrl-C here does not reach it), so an
+# interrupted run stops them itself (main).
+_RUNNING: set[subprocess.Popen] = set()
+# Studies run on threads (--jobs): the port draw and check_served_profile's os.environ swap
+# must not interleave.
+_SETUP_LOCK = threading.Lock()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing listens on and no other study of this run has drawn (the OS may hand the
+    same ephemeral port to two studies that bind it a moment apart)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _TAKEN_PORTS:
+            _TAKEN_PORTS.add(port)
+            return port
 
 
 def port_free(port: int) -> bool:
@@ -200,7 +217,8 @@ def port_free(port: int) -> bool:
 # --- One live study ---------------------------------------------------------------------------
 
 
-def run_tuner(config: Path, sampler: str, seed: int, trials: int, timeout_s: float, log: Path) -> dict[str, Any]:
+def run_tuner(config: Path, sampler: str, seed: int, trials: int, timeout_s: float, log: Path,
+              label: str = "") -> dict[str, Any]:
     """`python -m tuner.optimize` in its own process group, its output to `log` and its trial
     lines echoed; on the timeout the group gets SIGTERM (the tuner then stops its server), then
     SIGKILL.  Its own `--timeout` (stop starting trials) is a trial's worth earlier, to end cleanly."""
@@ -212,28 +230,38 @@ def run_tuner(config: Path, sampler: str, seed: int, trials: int, timeout_s: flo
     with open(log, "w") as out:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env,
                                 start_new_session=True)
-        pump = threading.Thread(target=_pump, args=(proc.stdout, out), daemon=True)
+        _RUNNING.add(proc)
+        pump = threading.Thread(target=_pump, args=(proc.stdout, out, label), daemon=True)
         pump.start()
         timed_out = False
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             timed_out = True
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            _stop(proc)
+        finally:
+            _RUNNING.discard(proc)
         pump.join(timeout=10)
     return {"argv": argv, "returncode": proc.returncode, "timed_out": timed_out, "seconds": time.perf_counter() - t0}
 
 
-def _pump(stream: Any, out: Any) -> None:
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to the tuner's process group (it stops its server and records the trial), then SIGKILL."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _pump(stream: Any, out: Any, label: str) -> None:
     for line in stream:
         out.write(line)
         if line.startswith("trial "):  # the tuner's one line per finished trial
-            print("      " + line.rstrip(), flush=True)
+            print(f"      {label}{line.rstrip()}", flush=True)
 
 
 def leftover_pids(workdir: Path) -> list[int]:
@@ -274,11 +302,12 @@ def live_study(name: str, sampler: str, seed: int, budgets: list[int], timeout_s
     """One study: config, tuner, cleanup check, score.  The temp dir is kept if anything failed."""
     spec, lands = landscape_spec(ALIASES.get(name, name)), landscape(ALIASES.get(name, name))
     tmp = Path(tempfile.mkdtemp(prefix=f"sampler-live-{sampler}-{seed}-"))
-    port, study_name = free_port(), f"live-{sampler}-{seed}"
-    srv = served(spec, lands, seed, tmp)
+    with _SETUP_LOCK:
+        port, study_name = free_port(), f"live-{sampler}-{seed}"
+        srv = served(spec, lands, seed, tmp)
     config = write_config(tmp, spec, srv, port, name=study_name)
     print(f"  {name} {sampler} seed {seed}: {config}", flush=True)
-    run = run_tuner(config, sampler, seed, max(budgets), timeout_s, tmp / "tuner.log")
+    run = run_tuner(config, sampler, seed, max(budgets), timeout_s, tmp / "tuner.log", label=f"{name} s{seed} ")
     run.update(settle(port, tmp / "work"))
     study = optuna.load_study(study_name=study_name, storage=f"sqlite:///{tmp / 'study.db'}")
     trials = [trial_row(t, lands) for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)]
@@ -377,7 +406,7 @@ def render(cells: dict[str, Any], meta: dict[str, Any], lands_info: dict[str, An
                f"the live emulator ({', '.join(f'{k}={v}' for k, v in EMULATOR_ENV.items())}, SGLANG_EMULATOR_SEED=<seed>). "
                f"Cells: HV(true values of the configs the COMPLETE launches measured) / HV(exhaustive front), in %, "
                f"mean and worst over seeds. Generated by `{meta['command']}` in {meta['wall_s'] / 60:.1f} min "
-               f"(sequential studies, optuna {meta['optuna']}, Python {meta['python']}, {meta['machine']}).")
+               f"({'sequential studies' if meta.get('jobs', 1) == 1 else str(meta['jobs']) + ' studies at a time'}, optuna {meta['optuna']}, Python {meta['python']}, {meta['machine']}).")
     out.append("")
     out.append("Setup: studies/demo.toml's [bench] with the landscape's concurrency and request tokens; Qwen "
                "landscapes search studies/demo.toml's [space], the others `H200_SPACE`; true values from "
@@ -448,8 +477,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--timeout", type=float, help=f"seconds per study (default {SECONDS_PER_TRIAL} per trial + 120)")
     ap.add_argument("--sglang-version", choices=("0.5.23", "0.5.9"), default="0.5.23",
                     help="the SGLang release the emulator plays (SGLANG_EMULATOR_VERSION): its memory_usage, logs, wordings")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="studies at once (default 1).  The emulator's decode steps are real time, mostly "
+                         "waiting, so a few fit on two cores; the truth scored does not depend on timing, "
+                         "but a loaded machine makes the measurements the sampler sees noisier")
     ap.add_argument("--out", default=str(DEFAULT_OUT), help="output path without extension")
     args = ap.parse_args(argv)
+    if args.jobs < 1:
+        ap.error(f"--jobs {args.jobs}: give 1 or more studies at once")
     if args.sglang_version != "0.5.23":
         EMULATOR_ENV["SGLANG_EMULATOR_VERSION"] = args.sglang_version
     args.landscapes = args.landscapes.split(",")
@@ -466,14 +501,30 @@ def main(argv: list[str] | None = None) -> int:
     lands_info = describe_landscapes(args.landscapes)
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     tasks = [(name, sampler, seed) for name in args.landscapes for sampler in args.samplers for seed in seeds]
-    print(f"{len(tasks)} studies of {max(args.budgets)} trials, one at a time (timeout {args.timeout / 60:.0f} min each)",
+    at_once = "one at a time" if args.jobs == 1 else f"{args.jobs} at a time"
+    print(f"{len(tasks)} studies of {max(args.budgets)} trials, {at_once} (timeout {args.timeout / 60:.0f} min each)",
           flush=True)
     runs = []
-    for i, (name, sampler, seed) in enumerate(tasks, 1):
-        runs.append(live_study(name, sampler, seed, args.budgets, args.timeout))
-        _progress(runs[-1], args.budgets, i, len(tasks), t0)
+    # Threads, not processes: each study is a tuner subprocess this thread waits on.
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs)
+    futures = [pool.submit(live_study, name, sampler, seed, args.budgets, args.timeout) for name, sampler, seed in tasks]
+    try:
+        for i, future in enumerate(concurrent.futures.as_completed(futures), 1):
+            runs.append(future.result())
+            _progress(runs[-1], args.budgets, i, len(tasks), t0)
+    except KeyboardInterrupt:
+        for future in futures:
+            future.cancel()
+        for proc in list(_RUNNING):
+            _stop(proc)
+        print(f"interrupted: {len(runs)} of {len(tasks)} studies done; the running tuners were stopped", file=sys.stderr)
+        return 130
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    order = {task: i for i, task in enumerate(tasks)}
+    runs.sort(key=lambda r: order[(r["landscape"], r["sampler"], r["seed"])])
     meta = {"command": "python benchmarks/sampler_live.py " + shlex.join(argv if argv is not None else sys.argv[1:]),
-            "seeds": len(seeds), "seed_list": ", ".join(map(str, seeds)), "budgets": args.budgets,
+            "jobs": args.jobs, "seeds": len(seeds), "seed_list": ", ".join(map(str, seeds)), "budgets": args.budgets,
             "wall_s": time.perf_counter() - t0, "optuna": optuna.__version__, "python": platform.python_version(),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores", "emulator_env": EMULATOR_ENV}
     cells = summarise(runs, args.budgets)
