@@ -377,6 +377,9 @@ def summarise(runs: list[dict[str, Any]], budgets: list[int]) -> dict[str, dict[
     for r in runs:
         cells.setdefault(f"{r['landscape']} | {r['sampler']}", {"landscape": r["landscape"], "sampler": r["sampler"],
                                                                    "runs": []})["runs"].append(r)
+    samplers = {r["sampler"] for r in runs}
+    if len(cells) > 1 and len(samplers) == 1:  # one sampler's every study in one row: how the issue states its bars
+        cells["all"] = {"landscape": f"all {len(cells)}", "sampler": samplers.pop(), "runs": list(runs)}
     top = max(budgets)
     for cell in cells.values():
         rs = cell.pop("runs")
@@ -388,6 +391,7 @@ def summarise(runs: list[dict[str, Any]], budgets: list[int]) -> dict[str, dict[
             hv_measured={str(b): float(np.mean([r["at"][b]["hv_measured"] for r in rs])) for b in budgets},
             launches=float(np.mean([r["at"][top]["launches"] for r in rs])),
             failed=float(np.mean([r["at"][top]["failed"] for r in rs])),
+            failed_most=int(max(r["at"][top]["failed"] for r in rs)),
             disagree=sum(r["at"][top]["disagree"] for r in rs),
             minutes=float(np.mean([r["run"]["seconds"] for r in rs])) / 60,
             seconds_per_trial=sum(r["run"]["seconds"] for r in rs) / max(1, trials),
@@ -413,7 +417,7 @@ def render(cells: dict[str, Any], meta: dict[str, Any], lands_info: dict[str, An
                "`benchmarks/sampler_benchmark.py · landscape(name).expect(params)`, normalised by the grid maximum.")
     out.append("")
     head = (["landscape", "sampler"] + [f"HV@{b} mean / worst" for b in budgets]
-            + [f"measured HV@{max(budgets)}", "launches", "failed launches", "min / study", "s / trial", "notes"])
+            + [f"measured HV@{max(budgets)}", "launches", "failed launches (most)", "min / study", "s / trial", "notes"])
     out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for cell in cells.values():
         notes = [f"{cell['short']} run(s) stopped short" if cell["short"] else "",
@@ -421,12 +425,13 @@ def render(cells: dict[str, Any], meta: dict[str, Any], lands_info: dict[str, An
                  f"{cell['disagree']} trial(s) disagree with the landscape" if cell["disagree"] else ""]
         line = [cell["landscape"], cell["sampler"]]
         line += [f"{cell['hv'][str(b)]['mean'] * 100:.1f} / {cell['hv'][str(b)]['worst'] * 100:.1f}" for b in budgets]
-        line += [f"{cell['hv_measured'][str(max(budgets))] * 100:.1f}", f"{cell['launches']:.1f}", f"{cell['failed']:.1f}",
+        line += [f"{cell['hv_measured'][str(max(budgets))] * 100:.1f}", f"{cell['launches']:.1f}",
+                 f"{cell['failed']:.2f} ({cell['failed_most']})" if "failed_most" in cell else f"{cell['failed']:.1f}",
                  f"{cell['minutes']:.1f}", f"{cell['seconds_per_trial']:.0f}", "; ".join(n for n in notes if n) or "-"]
         out.append("| " + " | ".join(line) + " |")
     out.append("")
     out.append("Launches and failed launches are per study over all its trials (PRUNED/FAIL launches; settled "
-               "trials are not launches). Measured HV uses the noisy measured values, same normalisation (it can "
+               "trials are not launches; most: the most in one study). Measured HV uses the noisy measured values, same normalisation (it can "
                "exceed 100%).")
     out.append("")
     out.append("## Landscapes")
@@ -481,6 +486,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="studies at once (default 1).  The emulator's decode steps are real time, mostly "
                          "waiting, so a few fit on two cores; the truth scored does not depend on timing, "
                          "but a loaded machine makes the measurements the sampler sees noisier")
+    ap.add_argument("--merge", nargs="+", metavar="RUN.json",
+                    help="run nothing: one report of these runs' studies (seeds run in chunks, say), written to --out")
     ap.add_argument("--out", default=str(DEFAULT_OUT), help="output path without extension")
     args = ap.parse_args(argv)
     if args.jobs < 1:
@@ -494,17 +501,61 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def merge(paths: list[str], argv: list[str]) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+    """The studies of several runs as one run: a (landscape, sampler, seed) run twice counts
+    once (the later file's).  The budgets must agree."""
+    runs: dict[tuple, dict[str, Any]] = {}
+    lands_info: dict[str, Any] = {}
+    metas = []
+    for path in paths:
+        try:
+            payload = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"--merge {path}: not a sampler_live run ({exc}); give the .json a run wrote")
+        metas.append(payload["meta"])
+        lands_info.update(payload["landscapes"])
+        for r in payload["runs"]:
+            r["at"] = {int(b): v for b, v in r["at"].items()}  # JSON made the budgets strings
+            runs[(r["landscape"], r["sampler"], r["seed"])] = r
+    budgets = metas[0]["budgets"]
+    if any(m["budgets"] != budgets for m in metas):
+        raise SystemExit(f"--merge: the runs scored different budgets ({[m['budgets'] for m in metas]}); merge runs of one --budgets")
+    seeds = sorted({r["seed"] for r in runs.values()})
+    meta = {**metas[-1], "command": "; ".join(m["command"] for m in metas) + "; python benchmarks/sampler_live.py "
+            + shlex.join(argv), "seeds": len(seeds), "seed_list": ", ".join(map(str, seeds)),
+            "wall_s": sum(m["wall_s"] for m in metas), "jobs": max(m.get("jobs", 1) for m in metas)}
+    return meta, lands_info, list(runs.values())
+
+
+def write_report(meta: dict[str, Any], lands_info: dict[str, Any], runs: list[dict[str, Any]], out: Path) -> None:
+    cells = summarise(runs, meta["budgets"])
+    text = render(cells, meta, lands_info)
+    print()
+    print(text)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".md").write_text(text + "\n", encoding="utf-8")
+    payload = {"meta": meta, "landscapes": lands_info, "cells": cells, "runs": runs}
+    out.with_suffix(".json").write_text(json.dumps(payload, default=str, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {out.with_suffix('.md')} and {out.with_suffix('.json')}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.merge:
+        meta, lands_info, runs = merge(args.merge, argv if argv is not None else sys.argv[1:])
+        write_report(meta, lands_info, runs, Path(args.out))
+        return 0 if all(r["ok"] for r in runs) else 1
     offline._check_hv3()
     t0 = time.perf_counter()
     lands_info = describe_landscapes(args.landscapes)
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
-    tasks = [(name, sampler, seed) for name in args.landscapes for sampler in args.samplers for seed in seeds]
+    # Seed by seed: a run stopped early has every landscape's first seeds, not a few landscapes' all.
+    tasks = [(name, sampler, seed) for seed in seeds for name in args.landscapes for sampler in args.samplers]
     at_once = "one at a time" if args.jobs == 1 else f"{args.jobs} at a time"
     print(f"{len(tasks)} studies of {max(args.budgets)} trials, {at_once} (timeout {args.timeout / 60:.0f} min each)",
           flush=True)
     runs = []
+    interrupted = False
     # Threads, not processes: each study is a tuner subprocess this thread waits on.
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs)
     futures = [pool.submit(live_study, name, sampler, seed, args.budgets, args.timeout) for name, sampler, seed in tasks]
@@ -513,32 +564,28 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(future.result())
             _progress(runs[-1], args.budgets, i, len(tasks), t0)
     except KeyboardInterrupt:
+        interrupted = True
         for future in futures:
             future.cancel()
         for proc in list(_RUNNING):
             _stop(proc)
-        print(f"interrupted: {len(runs)} of {len(tasks)} studies done; the running tuners were stopped", file=sys.stderr)
-        return 130
+        print(f"interrupted: the running tuners were stopped; the report holds the {len(runs)} of {len(tasks)} "
+              f"studies that had finished", file=sys.stderr)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
-    order = {task: i for i, task in enumerate(tasks)}
+    if not runs:
+        return 130
+    order = {(name, sampler, seed): (args.landscapes.index(name), args.samplers.index(sampler), seed)
+             for name, sampler, seed in tasks}
     runs.sort(key=lambda r: order[(r["landscape"], r["sampler"], r["seed"])])
-    meta = {"command": "python benchmarks/sampler_live.py " + shlex.join(argv if argv is not None else sys.argv[1:]),
-            "jobs": args.jobs, "seeds": len(seeds), "seed_list": ", ".join(map(str, seeds)), "budgets": args.budgets,
+    done_seeds = sorted({r["seed"] for r in runs})
+    meta = {"command": "python benchmarks/sampler_live.py " + shlex.join(argv if argv is not None else sys.argv[1:])
+            + (f" (interrupted after {len(runs)} of {len(tasks)} studies)" if interrupted else ""),
+            "jobs": args.jobs, "seeds": len(done_seeds), "seed_list": ", ".join(map(str, done_seeds)), "budgets": args.budgets,
             "wall_s": time.perf_counter() - t0, "optuna": optuna.__version__, "python": platform.python_version(),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores", "emulator_env": EMULATOR_ENV}
-    cells = summarise(runs, args.budgets)
-    text = render(cells, meta, lands_info)
-    print()
-    print(text)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".md").write_text(text + "\n", encoding="utf-8")
-    payload = {"meta": meta, "landscapes": lands_info, "cells": cells, "runs": runs}
-    out.with_suffix(".json").write_text(json.dumps(payload, default=str, indent=1) + "\n", encoding="utf-8")
-    print(f"wrote {out.with_suffix('.md')} and {out.with_suffix('.json')}")
-    return 0 if all(r["ok"] for r in runs) else 1
-
+    write_report(meta, lands_info, runs, Path(args.out))
+    return 130 if interrupted else 0 if all(r["ok"] for r in runs) else 1
 
 if __name__ == "__main__":
     sys.exit(main())

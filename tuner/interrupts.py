@@ -19,16 +19,17 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
+from typing import Any
 
-__all__ = ["install", "stopping", "checkpoint", "deferred", "quiet_start", "Interrupted", "STARTING_LINE", "AGAIN_LINE", "NOTHING_RAN_LINE"]
+__all__ = ["install", "stopping", "checkpoint", "deferred", "through_tell", "after_tell", "end_hold", "quiet_start", "Interrupted", "STARTING_LINE", "AGAIN_LINE", "NOTHING_RAN_LINE"]
 
 STARTING_LINE = "interrupted while starting: nothing was run"
 AGAIN_LINE = "interrupted again: finishing the record of what was running first (the server is being stopped), then exiting"
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
-_state = {"stopping": False, "deferring": 0, "pending": False}
+_state = {"stopping": False, "deferring": 0, "pending": False, "held": False}
 
 
 def _handle(signum: int, frame: FrameType | None) -> None:
@@ -69,10 +70,45 @@ def deferred() -> Iterator[None]:
 def install() -> None:
     """From now on a first SIGINT or SIGTERM raises KeyboardInterrupt and later ones are held
     (a command's `main` calls this first).  Only the main thread may set signal handlers."""
-    _state.update(stopping=False, deferring=0, pending=False)
+    _state.update(stopping=False, deferring=0, pending=False, held=False)
     if threading.current_thread() is threading.main_thread():
         for sig in _SIGNALS:
             signal.signal(sig, _handle)
+
+
+def through_tell(objective: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """Optuna's objective, holding a signal from its return until `after_tell` (the study's
+    first callback): in between, Optuna writes the trial's state and values (its tell), and a
+    KeyboardInterrupt raised there -- at the end of one of the storage's deferred calls --
+    escapes Optuna's `except Exception` and its `finally` reads a variable the tell never set:
+    `UnboundLocalError: updated_state`, a traceback and exit 1 instead of 130, the trial's
+    measurement possibly unwritten (a sampler_live run stopped with SIGTERM, 2026-12-04).  From
+    the callback on, the run is between trials and stops there as usual."""
+    def call(trial: Any) -> Any:
+        try:
+            return objective(trial)
+        finally:
+            if threading.current_thread() is threading.main_thread() and not _state["held"]:
+                _state["held"] = True
+                _state["deferring"] += 1
+    return call
+
+
+def after_tell(*_: Any) -> None:
+    """The study's callback after a trial is told: a signal held since the objective returned is raised now."""
+    end_hold(raise_pending=True)
+
+
+def end_hold(raise_pending: bool = False) -> None:
+    """End `through_tell`'s hold (the callbacks never run when Optuna re-raises the objective's
+    error; the study's runner then ends it without raising)."""
+    if not _state["held"]:
+        return
+    _state["held"] = False
+    _state["deferring"] -= 1
+    if raise_pending and not _state["deferring"] and _state["pending"]:
+        _state["pending"] = False
+        raise KeyboardInterrupt
 
 
 def stopping() -> bool:

@@ -29,6 +29,7 @@ from tuner.search.recovery import fail_interrupted, recover_stale_trials
 from tuner.search.samplers import make_sampler
 from tuner.search.space import check_compatible
 from tuner.search.warm_start import warm_start
+import tuner.interrupts as interrupts
 from tuner.interrupts import Interrupted, stopping
 from tuner.results.terminal import interrupted_line
 from tuner.sequence import connected
@@ -159,8 +160,8 @@ def _run_on_target(config: Config, target, result: RunResult, workload, *, trial
         warm_start(config, study, command=target.command)
     before = _started(study)
     try:
-        study.optimize(runner, n_trials=trials, timeout=timeout_s, catch=(MeasureError,), gc_after_trial=False,
-                       callbacks=[lambda s, t: reporter.trial_finished(t), _stop_rule(patience, reporter)])
+        optimize(study, runner, trials=trials, timeout_s=timeout_s,
+                 callbacks=[lambda s, t: reporter.trial_finished(t), _stop_rule(patience, reporter)])
     except LaunchError as exc:
         if not exc.fatal:
             raise
@@ -171,6 +172,17 @@ def _run_on_target(config: Config, target, result: RunResult, workload, *, trial
     result.trials_run = _started(study) - before
     if config.target.leave_best and result.fatal is None:
         _leave_best(study, target, reporter)
+
+
+def optimize(study: optuna.Study, objective, *, trials: int, timeout_s: float | None, callbacks: list) -> None:
+    """`study.optimize` with the tuner's objective: a MeasureError is a FAIL trial and the run
+    goes on; a signal that lands while Optuna tells a trial is raised once it is told and
+    reported, between trials (`interrupts.through_tell`)."""
+    try:
+        study.optimize(interrupts.through_tell(objective), n_trials=trials, timeout=timeout_s, catch=(MeasureError,),
+                       gc_after_trial=False, callbacks=[callbacks[0], interrupts.after_tell, *callbacks[1:]])
+    finally:
+        interrupts.end_hold()
 
 
 def _note_baselines(study: optuna.Study, arms: dict, reporter: Reporter) -> None:

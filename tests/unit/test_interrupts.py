@@ -4,7 +4,9 @@ import os
 import signal
 import time
 
+import optuna
 import pytest
+from optuna.trial import TrialState
 
 from tuner import interrupts
 
@@ -35,3 +37,52 @@ def test_a_signal_whose_interrupt_was_lost_still_stops_the_next_step_of_a_trial(
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         interrupts._state.update(stopping=False, deferring=0, pending=False)
+
+
+@pytest.mark.parametrize("write", ["set_trial_state_values", "get_trial"])
+def test_a_signal_while_optuna_tells_a_trial_keeps_its_values_and_stops_between_trials(tmp_path, write):
+    # A SIGTERM to a running study landed while Optuna wrote the trial's values: the storage's
+    # deferred call raised it inside Optuna's tell, whose `finally` then raised
+    # UnboundLocalError (a traceback, exit 1).  The signal is sent from inside the database call,
+    # so it lands in that window on any machine.
+    from tuner.results.resilient import ResilientStorage
+    from tuner.study import optimize
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    storage = ResilientStorage(optuna.storages.RDBStorage(url), url=url, outage_s=5.0, journal_dir=tmp_path / "journal")
+    study = optuna.create_study(storage=storage, directions=["maximize", "maximize"])
+    real = getattr(storage.inner, write)
+    told = []
+
+    def signalled(*args, **kwargs):
+        if study.trials and study.trials[-1].state == TrialState.RUNNING and not told:  # trial 0's tell
+            told.append(args)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)  # the handler runs here, inside the database call
+        return real(*args, **kwargs)
+
+    reported = []
+    interrupts.install()
+    try:
+        ran = []
+        objective = lambda trial: ran.append(trial.number) or [1.0, 2.0]  # noqa: E731
+        original_get_trial = storage.inner.get_trial
+        if write == "get_trial":  # Optuna reads the trial back within its tell, before the write
+            def get_trial(trial_id):
+                if ran and not told:
+                    return signalled(trial_id)
+                return original_get_trial(trial_id)
+            storage.inner.get_trial = get_trial
+        else:
+            setattr(storage.inner, write, lambda *a, **k: signalled(*a, **k) if ran else real(*a, **k))
+        with pytest.raises(KeyboardInterrupt) as raised:
+            optimize(study, objective, trials=3, timeout_s=None, callbacks=[lambda s, t: reported.append(t.number)])
+        assert type(raised.value) is KeyboardInterrupt
+        assert told, "the signal was never sent inside the tell"
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        interrupts._state.update(stopping=False, deferring=0, pending=False, held=False)
+    (trial,) = optuna.load_study(study_name=study.study_name, storage=url).trials
+    assert trial.state == TrialState.COMPLETE and trial.values == [1.0, 2.0]
+    assert ran == [0] and reported == [0]  # reported, then stopped: no second trial asked
