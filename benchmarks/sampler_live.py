@@ -343,7 +343,9 @@ def trial_row(t: optuna.trial.FrozenTrial, lands: Landscape) -> dict[str, Any]:
     row = {"number": t.number, "state": t.state.name, "kind": kind, "flags": p.as_dict(),
            "failure_kind": t.user_attrs.get(record.FAILURE_KIND), "true_feasible": e.feasible,
            "true_failure": e.failure, "true": list(e.values()) if e.feasible else None,
-           "measured": list(t.values) if t.state == TrialState.COMPLETE else None}
+           "measured": list(t.values) if t.state == TrialState.COMPLETE else None,
+           # what the model sampler predicted for the launch (record.MODEL_PREDICTION), for the reliability table
+           "p_start": (t.user_attrs.get(record.MODEL_PREDICTION) or {}).get("p_start")}
     return row
 
 
@@ -401,7 +403,30 @@ def summarise(runs: list[dict[str, Any]], budgets: list[int]) -> dict[str, dict[
     return cells
 
 
-def render(cells: dict[str, Any], meta: dict[str, Any], lands_info: dict[str, Any]) -> str:
+def _reliability(runs: list[dict[str, Any]], budgets: list[int]) -> list[str]:
+    """P(start) as the offline benchmark reports it (`sampler_benchmark._reliability_cells`):
+    the launches of the first `max(budgets)` trials, by predicted bucket, against the share
+    that started.  Runs written before the prediction was kept have none: no table."""
+    by_sampler: dict[str, list[tuple[float, bool, str]]] = {}
+    for r in runs:
+        for t in r["trials"][:max(budgets)]:
+            if t["kind"] == "launch" and t.get("p_start") is not None:
+                by_sampler.setdefault(r["sampler"], []).append((float(t["p_start"]), t["state"] == "COMPLETE", r["landscape"]))
+    if not by_sampler:
+        return []
+    out = [f"## P(start) reliability: predicted bucket vs share that started (launches of the first {max(budgets)} trials)", ""]
+    out.append("| sampler | " + " | ".join(f"[{lo:.2f}, {min(hi, 1):.2f}{']' if hi > 1 else ')'}"
+                                        for lo, hi in offline.RELIABILITY_BUCKETS) + " | launches predicted |")
+    out.append("|" + "---|" * (len(offline.RELIABILITY_BUCKETS) + 2))
+    for sampler, calls in by_sampler.items():
+        out.append("| " + " | ".join([sampler] + offline._reliability_cells(calls)) + " |")
+    out += ["", "Each cell: mean predicted P(start) -> share that started [its 90% interval, resampling landscapes] "
+            "(launches, landscapes); **outside**: more than 10 points from the share and outside its interval.", ""]
+    return out
+
+
+def render(cells: dict[str, Any], meta: dict[str, Any], lands_info: dict[str, Any],
+           runs: list[dict[str, Any]] | None = None) -> str:
     budgets = meta["budgets"]
     out = ["# Live sampler benchmark: the true hypervolume of what the tuner measured", ""]
     out.append(f"{meta['seeds']} seed(s) per cell ({meta['seed_list']}); budgets {', '.join(map(str, budgets))} Optuna "
@@ -434,6 +459,7 @@ def render(cells: dict[str, Any], meta: dict[str, Any], lands_info: dict[str, An
                "trials are not launches; most: the most in one study). Measured HV uses the noisy measured values, same normalisation (it can "
                "exceed 100%).")
     out.append("")
+    out += _reliability(runs or [], budgets)
     out.append("## Landscapes")
     out.append("")
     out += ["| landscape | served as | front points | grid | what |", "|---|---|---|---|---|"]
@@ -529,7 +555,7 @@ def merge(paths: list[str], argv: list[str]) -> tuple[dict[str, Any], dict[str, 
 
 def write_report(meta: dict[str, Any], lands_info: dict[str, Any], runs: list[dict[str, Any]], out: Path) -> None:
     cells = summarise(runs, meta["budgets"])
-    text = render(cells, meta, lands_info)
+    text = render(cells, meta, lands_info, runs)
     print()
     print(text)
     out.parent.mkdir(parents=True, exist_ok=True)
