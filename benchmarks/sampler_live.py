@@ -512,6 +512,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="studies at once (default 1).  The emulator's decode steps are real time, mostly "
                          "waiting, so a few fit on two cores; the truth scored does not depend on timing, "
                          "but a loaded machine makes the measurements the sampler sees noisier")
+    ap.add_argument("--resume", action="store_true",
+                    help="run only the studies <out>.studies.jsonl does not hold yet (a run killed or stopped), "
+                         "and report them all")
     ap.add_argument("--merge", nargs="+", metavar="RUN.json",
                     help="run nothing: one report of these runs' studies (seeds run in chunks, say), written to --out")
     ap.add_argument("--out", default=str(DEFAULT_OUT), help="output path without extension")
@@ -553,6 +556,24 @@ def merge(paths: list[str], argv: list[str]) -> tuple[dict[str, Any], dict[str, 
     return meta, lands_info, list(runs.values())
 
 
+def studies_path(out: Path) -> Path:
+    """Each finished study, one JSON line, appended as it finishes: a run that is killed (the
+    machine stalls, the shell goes) keeps every study it finished; `--resume` runs the rest."""
+    return out.with_name(out.name + ".studies.jsonl")
+
+
+def read_studies(path: Path) -> list[dict[str, Any]]:
+    runs = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue  # the line a kill cut short: that study is run again
+        r["at"] = {int(b): v for b, v in r["at"].items()}  # JSON made the budgets strings
+        runs.append(r)
+    return runs
+
+
 def write_report(meta: dict[str, Any], lands_info: dict[str, Any], runs: list[dict[str, Any]], out: Path) -> None:
     cells = summarise(runs, meta["budgets"])
     text = render(cells, meta, lands_info, runs)
@@ -577,10 +598,21 @@ def main(argv: list[str] | None = None) -> int:
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     # Seed by seed: a run stopped early has every landscape's first seeds, not a few landscapes' all.
     tasks = [(name, sampler, seed) for seed in seeds for name in args.landscapes for sampler in args.samplers]
+    journal = studies_path(Path(args.out))
+    journal.parent.mkdir(parents=True, exist_ok=True)
+    earlier = read_studies(journal) if args.resume and journal.exists() else []
+    earlier = [r for r in earlier if (r["landscape"], r["sampler"], r["seed"]) in set(tasks)]
+    if earlier:
+        done = {(r["landscape"], r["sampler"], r["seed"]) for r in earlier}
+        print(f"--resume: {len(done)} studies already in {journal}", flush=True)
+    else:
+        done = set()
+        journal.write_text("", encoding="utf-8")
+    all_tasks, tasks = tasks, [t for t in tasks if t not in done]
     at_once = "one at a time" if args.jobs == 1 else f"{args.jobs} at a time"
     print(f"{len(tasks)} studies of {max(args.budgets)} trials, {at_once} (timeout {args.timeout / 60:.0f} min each)",
           flush=True)
-    runs = []
+    runs: list[dict[str, Any]] = []
     interrupted = False
     # Threads, not processes: each study is a tuner subprocess this thread waits on.
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs)
@@ -588,6 +620,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for i, future in enumerate(concurrent.futures.as_completed(futures), 1):
             runs.append(future.result())
+            with open(journal, "a", encoding="utf-8") as f:
+                f.write(json.dumps(runs[-1], default=str) + "\n")
             _progress(runs[-1], args.budgets, i, len(tasks), t0)
     except KeyboardInterrupt:
         interrupted = True
@@ -599,14 +633,16 @@ def main(argv: list[str] | None = None) -> int:
               f"studies that had finished", file=sys.stderr)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+    runs = earlier + runs
     if not runs:
         return 130
     order = {(name, sampler, seed): (args.landscapes.index(name), args.samplers.index(sampler), seed)
-             for name, sampler, seed in tasks}
+             for name, sampler, seed in all_tasks}
     runs.sort(key=lambda r: order[(r["landscape"], r["sampler"], r["seed"])])
     done_seeds = sorted({r["seed"] for r in runs})
     meta = {"command": "python benchmarks/sampler_live.py " + shlex.join(argv if argv is not None else sys.argv[1:])
-            + (f" (interrupted after {len(runs)} of {len(tasks)} studies)" if interrupted else ""),
+            + (f" (interrupted after {len(runs)} of {len(all_tasks)} studies)" if interrupted else "")
+            + (f" ({len(earlier)} studies from an earlier run)" if earlier else ""),
             "jobs": args.jobs, "seeds": len(done_seeds), "seed_list": ", ".join(map(str, done_seeds)), "budgets": args.budgets,
             "wall_s": time.perf_counter() - t0, "optuna": optuna.__version__, "python": platform.python_version(),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores", "emulator_env": EMULATOR_ENV}
