@@ -160,8 +160,8 @@ def _run_on_target(config: Config, target, result: RunResult, workload, *, trial
         warm_start(config, study, command=target.command)
     before = _started(study)
     try:
-        optimize(study, runner, trials=trials, timeout_s=timeout_s,
-                 callbacks=[lambda s, t: reporter.trial_finished(t), _stop_rule(patience, reporter)])
+        optimize(study, runner, trials=trials, timeout_s=timeout_s, report=lambda s, t: reporter.trial_finished(t),
+                 callbacks=[_stop_rule(patience, reporter)])
     except LaunchError as exc:
         if not exc.fatal:
             raise
@@ -174,13 +174,14 @@ def _run_on_target(config: Config, target, result: RunResult, workload, *, trial
         _leave_best(study, target, reporter)
 
 
-def optimize(study: optuna.Study, objective, *, trials: int, timeout_s: float | None, callbacks: list) -> None:
+def optimize(study: optuna.Study, objective, *, trials: int, timeout_s: float | None, report, callbacks: list) -> None:
     """`study.optimize` with the tuner's objective: a MeasureError is a FAIL trial and the run
-    goes on; a signal that lands while Optuna tells a trial is raised once it is told and
-    reported, between trials (`interrupts.through_tell`)."""
+    goes on; `report` prints each told trial; a signal that lands while Optuna tells a trial is
+    raised once it is told and reported, between trials (`interrupts.through_tell`), before
+    `callbacks` run."""
     try:
         study.optimize(interrupts.through_tell(objective), n_trials=trials, timeout=timeout_s, catch=(MeasureError,),
-                       gc_after_trial=False, callbacks=[callbacks[0], interrupts.after_tell, *callbacks[1:]])
+                       gc_after_trial=False, callbacks=[report, interrupts.after_tell, *callbacks])
     finally:
         interrupts.end_hold()
 

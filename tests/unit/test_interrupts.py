@@ -66,17 +66,11 @@ def test_a_signal_while_optuna_tells_a_trial_keeps_its_values_and_stops_between_
     try:
         ran = []
         objective = lambda trial: ran.append(trial.number) or [1.0, 2.0]  # noqa: E731
-        original_get_trial = storage.inner.get_trial
-        if write == "get_trial":  # Optuna reads the trial back within its tell, before the write
-            def get_trial(trial_id):
-                if ran and not told:
-                    return signalled(trial_id)
-                return original_get_trial(trial_id)
-            storage.inner.get_trial = get_trial
-        else:
-            setattr(storage.inner, write, lambda *a, **k: signalled(*a, **k) if ran else real(*a, **k))
+        # get_trial: Optuna reads the trial back within its tell, before the write
+        setattr(storage.inner, write, lambda *a, **k: signalled(*a, **k) if ran else real(*a, **k))
         with pytest.raises(KeyboardInterrupt) as raised:
-            optimize(study, objective, trials=3, timeout_s=None, callbacks=[lambda s, t: reported.append(t.number)])
+            optimize(study, objective, trials=3, timeout_s=None, report=lambda s, t: reported.append(t.number),
+                     callbacks=[])
         assert type(raised.value) is KeyboardInterrupt
         assert told, "the signal was never sent inside the tell"
     finally:
