@@ -325,16 +325,30 @@ class Landscape:
     failures: dict[str, int]
     warm_start: dict[str, Any]  # SGLang's own choice: auto (steps, topk, draft) at the default mfs
     front: dict[tuple, np.ndarray]  # the exhaustive front: config key -> normalised true values
+    # The concurrent phase's own prompts, when they differ from the single stream's (`workload`).
+    concurrent_workload: L.Workload | None = None
 
     def expect(self, p: Params) -> L.Expectation:
         k = _key(p)
         e = self.table.get(k)
         if e is None:  # off the grid (an enqueued value, say): ask the model
-            e = L.expect(self.profile, steps=p.speculative_num_steps, topk=p.speculative_eagle_topk,
-                         draft_tokens=p.speculative_num_draft_tokens, mem_fraction_static=p.mem_fraction_static,
-                         workload=self.workload, algorithm=self.spec.algorithm)
+            e = _expect(self.profile, self.spec.algorithm, p, self.workload, self.concurrent_workload)
             self.table[k] = e
         return e
+
+
+def _expect(profile: M.Profile, algorithm: str, p: Params, workload: L.Workload,
+            concurrent_workload: L.Workload | None = None) -> L.Expectation:
+    """The model's values for `p`; with `concurrent_workload`, single_tps from `workload`'s
+    prompts and concurrent_tps from the concurrent phase's (a benchmark sends different ones)."""
+    def one(w: L.Workload) -> L.Expectation:
+        return L.expect(profile, steps=p.speculative_num_steps, topk=p.speculative_eagle_topk,
+                        draft_tokens=p.speculative_num_draft_tokens, mem_fraction_static=p.mem_fraction_static,
+                        workload=w, algorithm=algorithm)
+    e = one(workload)
+    if concurrent_workload is None or not e.feasible:
+        return e
+    return replace(e, concurrent_tps=one(concurrent_workload).concurrent_tps)
 
 
 def _space(spec: LandscapeSpec) -> tuple[SpaceConfig, Params]:
@@ -373,23 +387,29 @@ def _warm_start(profile: M.Profile, space: SpaceConfig) -> dict[str, Any]:
     return out
 
 
-_CACHE: dict[str, Landscape] = {}
+_CACHE: dict[tuple, Landscape] = {}
 
 
-def landscape(name: str) -> Landscape:
-    if name in _CACHE:
-        return _CACHE[name]
+def landscape(name: str, *, prompts: tuple[L.Workload, L.Workload] | None = None) -> Landscape:
+    """The landscape's exhaustive table and true front.  The truth is the model's expectation
+    over the prompt mix (300-token chat prompts, 128-token answers); `prompts` replaces it with
+    the (single-stream, concurrent) workloads of the prompts a benchmark actually sends
+    (`sampler_live.py`: what a live study measured, less its timing noise)."""
+    key = (name, prompts)
+    if key in _CACHE:
+        return _CACHE[key]
     spec = landscape_spec(name)
     profile = PROFILES[spec.profile] if isinstance(spec.profile, str) else profile_from_dict(spec.profile)
     space, base = _space(spec)
     workload = L.Workload(max_tokens=128, concurrency=spec.concurrency, request_tokens=spec.request_tokens,
                           temperature=0.0)
+    concurrent_workload = None
+    if prompts is not None:
+        workload, concurrent_workload = prompts
     table: dict[tuple, L.Expectation] = {}
     failures: dict[str, int] = {}
     for p in grid(space, base):
-        e = L.expect(profile, steps=p.speculative_num_steps, topk=p.speculative_eagle_topk,
-                     draft_tokens=p.speculative_num_draft_tokens, mem_fraction_static=p.mem_fraction_static,
-                     workload=workload, algorithm=spec.algorithm)
+        e = _expect(profile, spec.algorithm, p, workload, concurrent_workload)
         table[_key(p)] = e
         failures[e.failure or "ok"] = failures.get(e.failure or "ok", 0) + 1
     values = np.array([e.values() for e in table.values() if e.feasible])
@@ -402,8 +422,8 @@ def landscape(name: str) -> Landscape:
     keys = [k for k, e in table.items() if e.feasible]
     front_configs = {keys[i]: norm[i] for i in np.flatnonzero(~dominated)}
     lands = Landscape(spec, profile, space, base, workload, table, scale, hv3(front), len(front), failures,
-                      _warm_start(profile, space), front_configs)
-    _CACHE[name] = lands
+                      _warm_start(profile, space), front_configs, concurrent_workload)
+    _CACHE[key] = lands
     return lands
 
 

@@ -65,8 +65,13 @@ from optuna.trial import TrialState  # noqa: E402
 
 import sampler_benchmark as offline  # noqa: E402
 from sampler_benchmark import Landscape, LandscapeSpec, hv3, landscape, landscape_spec  # noqa: E402
+from sglang_emulator import landscape as L  # noqa: E402
+from sglang_emulator.completions import chat_prompt  # noqa: E402
+from sglang_emulator.engine import count_tokens, prompt_traits  # noqa: E402
 from sglang_emulator.family import tp4_setup  # noqa: E402
 from sglang_emulator.profiles import LANDSCAPE_SEED_ENV, PROFILE_ENV, PROFILES, find_profile  # noqa: E402
+from tuner.config import SyntheticPrompts, parse_config  # noqa: E402
+from tuner.measure.workload import bench_workload  # noqa: E402
 from tuner.results import record  # noqa: E402
 from tuner.sglang_args import SEARCHED, Params  # noqa: E402
 
@@ -325,6 +330,7 @@ def live_study(name: str, sampler: str, seed: int, budgets: list[int], timeout_s
     result = {"landscape": name, "sampler": sampler, "seed": seed, "port": port, "served": dataclasses.asdict(srv),
               "config": config.read_text(), "run": run, "trials": trials,
               "at": {b: at_budget(trials[:b], lands) for b in budgets}}
+    score_sent_prompts(result)
     result["ok"] = run["returncode"] == 0 and not run["timed_out"] and run["port_free"] and not run["leftovers_killed"]
     if result["ok"]:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -337,6 +343,41 @@ def live_study(name: str, sampler: str, seed: int, budgets: list[int], timeout_s
 
 
 # --- Scoring: the truth of what was measured --------------------------------------------------
+
+
+def sent_prompts(lands: Landscape, config_text: str) -> tuple[L.Workload, L.Workload]:
+    """The (single-stream, concurrent) workloads of the prompts a study's [bench] sends, as the
+    emulator's engine sees them: each rendered chat prompt's shift (engine.py · prompt_traits,
+    its category and context included) and the mean prompt length.  A few fixed prompts are not
+    the mix: the demo's three single-stream chat prompts sit +0.38 above it in logit(q) on
+    family:2, which rates deep chains ~10% above the mix's truth and wide trees ~5%."""
+    bench = parse_config(config_text).bench
+    workload = bench_workload(bench, ROOT)
+
+    def of(prompts: list) -> L.Workload:
+        texts = [chat_prompt(list(p.messages)) for p in prompts]
+        tokens = [count_tokens(t) for t in texts]
+        shifts = tuple(prompt_traits(t, lands.profile.acceptance, n)[0] for t, n in zip(texts, tokens))
+        return dataclasses.replace(lands.workload, shifts=shifts, prompt_tokens=round(sum(tokens) / len(tokens)),
+                                   max_tokens=bench.max_tokens)
+
+    return (of(workload.for_phase("single", bench.single_requests)),
+            of(workload.for_phase("concurrent", bench.concurrent_requests)))
+
+
+def score_sent_prompts(run: dict[str, Any]) -> None:
+    """Adds `hv_prompts` to each budget of a finished study: the HV of its launches' values
+    under the truth of the prompts it sent (`sent_prompts`), against that truth's own front.
+    The search is judged on what it could measure, less the timing noise; `hv` judges it on
+    the mix the landscape is defined for.  Idempotent; older runs are scored when read."""
+    if all("hv_prompts" in a for a in run["at"].values()):
+        return
+    name = ALIASES.get(run["landscape"], run["landscape"])
+    truth = landscape(name, prompts=sent_prompts(landscape(name), run["config"]))
+    rescored = [{**t, "true": list(e.values()) if (e := truth.expect(Params(**t["flags"]))).feasible else None}
+                for t in run["trials"]]
+    for b, a in run["at"].items():
+        a["hv_prompts"] = at_budget(rescored[:b], truth)["hv"]
 
 
 def params_of(t: optuna.trial.FrozenTrial) -> Params:
@@ -388,6 +429,7 @@ def summarise(runs: list[dict[str, Any]], budgets: list[int]) -> dict[str, dict[
     """Per (landscape, sampler): HV mean and worst per budget, failed launches, minutes per study."""
     cells: dict[str, dict[str, Any]] = {}
     for r in runs:
+        score_sent_prompts(r)
         cells.setdefault(f"{r['landscape']} | {r['sampler']}", {"landscape": r["landscape"], "sampler": r["sampler"],
                                                                    "runs": []})["runs"].append(r)
     samplers = {r["sampler"] for r in runs}
@@ -401,6 +443,8 @@ def summarise(runs: list[dict[str, Any]], budgets: list[int]) -> dict[str, dict[
             seeds=len(rs),
             hv={str(b): {"mean": float(np.mean([r["at"][b]["hv"] for r in rs])),
                          "worst": float(min(r["at"][b]["hv"] for r in rs))} for b in budgets},
+            hv_prompts={str(b): {"mean": float(np.mean([r["at"][b]["hv_prompts"] for r in rs])),
+                                 "worst": float(min(r["at"][b]["hv_prompts"] for r in rs))} for b in budgets},
             hv_measured={str(b): float(np.mean([r["at"][b]["hv_measured"] for r in rs])) for b in budgets},
             launches=float(np.mean([r["at"][top]["launches"] for r in rs])),
             failed=float(np.mean([r["at"][top]["failed"] for r in rs])),
@@ -460,7 +504,7 @@ def render(cells: dict[str, Any], meta: dict[str, Any], lands_info: dict[str, An
                "`benchmarks/sampler_benchmark.py · landscape(name).expect(params)`, normalised by the grid maximum.")
     out.append("")
     head = (["landscape", "sampler"] + [f"HV@{b} mean / worst" for b in budgets]
-            + [f"measured HV@{max(budgets)}", "launches", "failed launches (most)", "min / study", "s / trial", "notes"])
+            + [f"HV@{b} sent prompts" for b in budgets] + [f"measured HV@{max(budgets)}", "launches", "failed launches (most)", "min / study", "s / trial", "notes"])
     out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for cell in cells.values():
         notes = [f"{cell['short']} run(s) stopped short" if cell["short"] else "",
@@ -468,10 +512,18 @@ def render(cells: dict[str, Any], meta: dict[str, Any], lands_info: dict[str, An
                  f"{cell['disagree']} trial(s) disagree with the landscape" if cell["disagree"] else ""]
         line = [cell["landscape"], cell["sampler"]]
         line += [f"{cell['hv'][str(b)]['mean'] * 100:.1f} / {cell['hv'][str(b)]['worst'] * 100:.1f}" for b in budgets]
+        line += [f"{cell['hv_prompts'][str(b)]['mean'] * 100:.1f} / {cell['hv_prompts'][str(b)]['worst'] * 100:.1f}"
+                 for b in budgets]
         line += [f"{cell['hv_measured'][str(max(budgets))] * 100:.1f}", f"{cell['launches']:.1f}",
                  f"{cell['failed']:.2f} ({cell['failed_most']})" if "failed_most" in cell else f"{cell['failed']:.1f}",
                  f"{cell['minutes']:.1f}", f"{cell['seconds_per_trial']:.0f}", "; ".join(n for n in notes if n) or "-"]
         out.append("| " + " | ".join(line) + " |")
+    out.append("")
+    out.append("HV@B sent prompts: the same launches scored on the truth of the prompts the study sent "
+               "(`sent_prompts`: each prompt's own acceptance shift in place of the mix's quantiles), against that "
+               "truth's own exhaustive front: the search judged on what it could measure, less the timing noise. "
+               "A few fixed prompts are not the mix (the demo's single-stream prompts are easier than it), and a "
+               "search that follows its measurements finds the front of the prompts it measured.")
     out.append("")
     out.append("Launches and failed launches are per study over all its trials (PRUNED/FAIL launches; settled "
                "trials are not launches; most: the most in one study). Measured HV uses the noisy measured values, same normalisation (it can "
@@ -570,9 +622,10 @@ def merge(paths: list[str], argv: list[str]) -> tuple[dict[str, Any], dict[str, 
     metas = []
     for path in paths:
         try:
-            payload = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise SystemExit(f"--merge {path}: not a sampler_live run ({exc}); give the .json a run wrote")
+            payload = (_journal_payload(Path(path)) if path.endswith(".studies.jsonl")
+                       else json.loads(Path(path).read_text(encoding="utf-8")))
+        except (OSError, ValueError, KeyError) as exc:
+            raise SystemExit(f"--merge {path}: not a sampler_live run ({exc}); give the .json or .studies.jsonl a run wrote")
         metas.append(payload["meta"])
         lands_info.update(payload["landscapes"])
         for r in payload["runs"]:
@@ -586,6 +639,19 @@ def merge(paths: list[str], argv: list[str]) -> tuple[dict[str, Any], dict[str, 
             + shlex.join(argv), "seeds": len(seeds), "seed_list": ", ".join(map(str, seeds)),
             "wall_s": sum(m["wall_s"] for m in metas), "jobs": max(m.get("jobs", 1) for m in metas)}
     return meta, lands_info, list(runs.values())
+
+
+def _journal_payload(path: Path) -> dict[str, Any]:
+    """A run's per-study journal (a run killed before its report) as a run's JSON."""
+    runs = read_studies(path)
+    if not runs:
+        raise ValueError("no finished study in it")
+    synthetic = isinstance(parse_config(runs[0]["config"]).bench.prompts, SyntheticPrompts)
+    meta = {"command": f"(the studies of {path}, their minutes summed)", "budgets": sorted(runs[0]["at"]), "jobs": 1,
+            "wall_s": sum(r["run"]["seconds"] for r in runs), "optuna": optuna.__version__,
+            "python": platform.python_version(), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+            "workload": "landscape" if synthetic else "builtin"}
+    return {"meta": meta, "landscapes": describe_landscapes(sorted({r["landscape"] for r in runs})), "runs": runs}
 
 
 def studies_path(out: Path) -> Path:

@@ -18,7 +18,7 @@ from .engine import Chunk, EngineDead, Request, count_tokens
 from .metrics import Latency
 from .state import ServerState, error
 
-__all__ = ["Completions"]
+__all__ = ["Completions", "chat_prompt"]
 
 
 # --- request plumbing ---------------------------------------------------------------------------
@@ -108,7 +108,7 @@ def _check_length(state: ServerState, prompt_tokens: int, max_new: int) -> JSONR
     return None
 
 
-def _chat_prompt(messages: list[dict[str, Any]]) -> str:
+def chat_prompt(messages: list[dict[str, Any]]) -> str:
     parts = []
     for message in messages:
         content = message.get("content")
@@ -148,7 +148,7 @@ def _openai_prompt(body: dict[str, Any], chat: bool) -> str | JSONResponse:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             return error(400, "messages must be a non-empty list")
-        return _chat_prompt(messages)
+        return chat_prompt(messages)
     prompt = body.get("prompt")
     if isinstance(prompt, list):
         prompt = prompt[0] if prompt else ""

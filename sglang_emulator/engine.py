@@ -27,7 +27,7 @@ from . import model as m
 from .adaptive import AdaptiveSpeculativeParams
 from .args import Resolved
 
-__all__ = ["Engine", "Request", "Chunk", "count_tokens", "EngineDead", "DECODE_LOG_INTERVAL"]
+__all__ = ["Engine", "Request", "Chunk", "count_tokens", "prompt_traits", "EngineDead", "DECODE_LOG_INTERVAL"]
 
 logger = logging.getLogger("sglang.srt.managers.scheduler")
 
@@ -111,7 +111,7 @@ def thinking_length(prompt: str) -> int:
     return int(min(max(rng.lognormvariate(math.log(600), 0.5), 120), 6000))
 
 
-def _prompt_traits(prompt: str, acc: m.Acceptance, prompt_tokens: int) -> tuple[float, int, random.Random]:
+def prompt_traits(prompt: str, acc: m.Acceptance, prompt_tokens: int) -> tuple[float, int, random.Random]:
     """Per-prompt predictability shift, natural answer length and a seeded RNG.
 
     The shift is the profile's: by the kind of text asked for (code and quoted material are
@@ -317,7 +317,7 @@ class Engine:
         return batch
 
     def _prepare(self, req: Request) -> None:
-        shift, natural, rng = _prompt_traits(req.prompt, self.profile.acceptance, req.prompt_tokens)
+        shift, natural, rng = prompt_traits(req.prompt, self.profile.acceptance, req.prompt_tokens)
         req.prompt_shift, req.natural_len = shift, natural
         if req.thinking:
             req.think_len = thinking_length(req.prompt)

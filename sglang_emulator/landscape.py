@@ -44,13 +44,18 @@ class Workload:
     request_tokens: int = 8192
     prompt_spread: float | None = None  # None: the profile's own
     # The kind of text asked for (model.prompt_category's names): its shift of logit(q), as the
-    # engine applies it per request (engine.py · _prompt_traits); "chat" shifts nothing.
+    # engine applies it per request (engine.py · prompt_traits); "chat" shifts nothing.
     category: str = "chat"
+    # The shifts of the very prompts a benchmark sends (engine.py · prompt_traits of each, its
+    # category and context included), in place of the mix's quantiles: what a few fixed prompts
+    # measure is the expectation over those prompts, not over the mix (three chat prompts can
+    # sit +0.4 above it, and a deep chain gains from that more than a wide tree).
+    shifts: tuple[float, ...] | None = None
 
 
 def _mean_shift(profile: m.Profile, w: Workload) -> float:
     """The workload's shift of logit(q) before the per-prompt spread: its category and its
-    prompts' context length, as engine.py · _prompt_traits adds them to each request."""
+    prompts' context length, as engine.py · prompt_traits adds them to each request."""
     return m.category_shift(profile.acceptance, w.category) + m.context_shift(profile.acceptance, w.prompt_tokens)
 
 
@@ -73,7 +78,10 @@ _SHIFT_QUANTILES = (-1.2816, -0.5244, 0.0, 0.5244, 1.2816)  # 10/30/50/70/90% of
 
 
 def _prompt_shifts(profile: m.Profile, w: Workload) -> list[float]:
-    """The prompt mix as five prompts: the 10/30/50/70/90% quantiles of the per-prompt shift."""
+    """The prompt mix as five prompts: the 10/30/50/70/90% quantiles of the per-prompt shift;
+    or the workload's own prompts, when it names them."""
+    if w.shifts is not None:
+        return list(w.shifts)
     spread = profile.acceptance.prompt_spread if w.prompt_spread is None else w.prompt_spread
     return [_mean_shift(profile, w) + z * spread for z in _SHIFT_QUANTILES]
 

@@ -24,11 +24,11 @@ FAST = {"SGLANG_EMULATOR_TIME_SCALE": "0.1"}
 def _long_thinker() -> str:
     """A prompt the emulated model thinks about for well over 256 tokens."""
     from sglang_emulator.engine import thinking_length
-    from sglang_emulator.completions import _chat_prompt
+    from sglang_emulator.completions import chat_prompt
 
     for i in range(100):
         content = f"Question {i}: why is the sky blue?"
-        if 400 < thinking_length(_chat_prompt([{"role": "user", "content": content}])) < 2000:
+        if 400 < thinking_length(chat_prompt([{"role": "user", "content": content}])) < 2000:
             return content
     raise AssertionError("no long thinker")
 

@@ -150,3 +150,21 @@ def test_the_live_emulator_serves_a_four_gpu_draw_and_names_a_bad_seed(monkeypat
     monkeypatch.setenv("SGLANG_EMULATOR_LANDSCAPE_SEED", "tp8:3")
     with pytest.raises(ValueError, match="expected a seed N or tp4:N"):
         find_profile("any/Model")
+
+
+def test_the_expectation_over_a_benchmarks_own_prompts_rates_deep_chains_by_those_prompts():
+    # A benchmark sends a few fixed prompts, not the mix: three single-stream prompts that sit
+    # +0.4 above the mix in logit(q) (the demo's, on family:2) make every shape faster, a deep
+    # chain more than a wide tree, so the front those prompts measure is not the mix's.
+    profile = F.draw_profile(2)
+    chain, tree = dict(steps=8, topk=1, draft_tokens=9), dict(steps=4, topk=4, draft_tokens=8)
+
+    def single(shape, workload):
+        return L.expect(profile, **shape, mem_fraction_static=0.85, workload=workload, algorithm="EAGLE3").single_tps
+
+    quantiles = dataclasses.replace(WORKLOAD, shifts=tuple(z * profile.acceptance.prompt_spread
+                                                           for z in (-1.2816, -0.5244, 0.0, 0.5244, 1.2816)))
+    assert single(chain, quantiles) == pytest.approx(single(chain, WORKLOAD))  # the mix, spelt out
+    easy = dataclasses.replace(WORKLOAD, shifts=(-0.22, 0.19, 1.17))
+    gain = {name: single(shape, easy) / single(shape, WORKLOAD) for name, shape in (("chain", chain), ("tree", tree))}
+    assert gain["tree"] > 1.0 and gain["chain"] > gain["tree"] + 0.02, gain
