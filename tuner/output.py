@@ -161,6 +161,7 @@ def measurement_view(m: Measurement, objectives) -> View:
             "thinking_tokens": m.thinking_tokens, "max_total_num_tokens": m.max_total_num_tokens,
             "max_running_requests": m.max_running_requests, "ttft_ms": m.ttft_ms, "itl_p99_ms": m.itl_p99_ms,
             "greedy_inflation": m.greedy_inflation, "request_tokens": m.request_tokens,
+            "client_stall_resent": m.client_stall_resent, "client_stall_kept": m.client_stall_kept,
             "by_class": {c: dataclasses.asdict(f) for c, f in m.by_class.items()}, "objectives": values}
     if m.load_curve is not None:
         data["slo_curve"] = [p.as_record() for p in m.load_curve.points]
@@ -190,6 +191,10 @@ def measurement_table(m: Measurement, objectives, values: dict[str, float]) -> T
     table.add_row("TTFT", f"{m.ttft_ms:.1f} ms", f"p90 {m.ttft_p90_ms:.1f}, p99 {m.ttft_p99_ms:.1f} (single stream)")
     table.add_row("ITL", f"{m.itl_ms:.2f} ms", f"p90 {m.itl_p90_ms:.2f}, p99 {m.itl_p99_ms:.2f} (single stream)")
     table.add_row("end-to-end", f"{m.e2e_ms:.0f} ms", f"p90 {m.e2e_p90_ms:.0f}, p99 {m.e2e_p99_ms:.0f}")
+    if m.client_stall_resent or m.client_stall_kept:
+        table.add_row("client stalls", fmt(m.client_stall_resent),
+                      f"single-stream requests sent again: this client was starved of CPU during them"
+                      f"{f' ({m.client_stall_kept} still starved)' if m.client_stall_kept else ''}")
     if m.greedy_inflation:
         table.add_row("greedy_inflation", f"{m.greedy_inflation:.2f}x", "single_tps with ignore_eos / stopping at EOS")
     if m.load_curve is not None:

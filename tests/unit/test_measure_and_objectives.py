@@ -66,3 +66,62 @@ def test_steady_window_excludes_ramp_up_and_drain():
     assert rate == pytest.approx(steady, rel=0.05)
     assert window < 31
     assert naive < 0.9 * steady
+
+
+def test_the_loop_watch_sees_a_client_that_could_not_run_mid_request():
+    import asyncio
+    import time
+
+    from tuner.measure.stalls import LoopWatch, stalled
+
+    async def main():
+        watch = LoopWatch()
+        watch.start()
+        await asyncio.sleep(0.03)  # it has ticked
+        start = time.monotonic()
+        time.sleep(0.2)  # the loop cannot run, as when the process is descheduled on a busy machine
+        end = time.monotonic()
+        starved = watch.starved_s(start, end)  # asked before the watch's own late wake-up has run
+        await watch.stop()
+        return starved, start, end
+
+    starved, start, end = asyncio.run(main())
+    assert starved >= 0.15 and stalled(starved, start, end)
+
+
+def test_a_single_stream_request_timed_while_the_client_was_starved_is_sent_again():
+    # The live benchmark's family:0 seed 4: one request read in a burst after a stall reported
+    # 5.6x the server's rate and steered the study.  The starved request is sent again; its
+    # burst does not reach single_tps, and a request starved on every try is a caveat.
+    import asyncio
+
+    from tuner.config import parse_config
+    from tuner.measure import phases
+    from tuner.measure.caveats import caveats
+    from tuner.measure.workload import Prompt, Workload
+
+    bench = parse_config('[study]\nname = "s"\n[server]\ncommand = "x"\n[bench]\nsingle_requests = 3\n'
+                         'single_min_passes = 1\nsingle_max_passes = 1\n').bench
+    workload = Workload([Prompt(({"role": "user", "content": f"question {i}"},), "chat", f"q{i}") for i in range(6)])
+
+    class Runner:
+        def __init__(self, starved):
+            self.starved, self.calls = starved, 0
+
+        async def one(self, prompt, max_tokens):
+            self.calls += 1
+            t = float(self.calls)
+            if self.calls in self.starved:  # first chunk read 0.39 s late, the rest in a burst
+                return RequestResult(10, 101, t, t + 0.39, t + 0.4, client_stall_s=0.39, request_class=prompt.request_class)
+            return RequestResult(10, 101, t, t + 0.02, t + 1.02, request_class=prompt.request_class)  # 100 tok/s
+
+    runner = Runner(starved={2})
+    single = asyncio.run(phases.single_phase(runner, bench, workload, None))
+    assert single.tps == pytest.approx(100.0) and single.stall_resent == 1 and single.stall_kept == 0
+    assert runner.calls == 4
+
+    always = Runner(starved={2, 3, 4})  # starved on all STALL_TRIES sends
+    single = asyncio.run(phases.single_phase(always, bench, workload, None))
+    assert single.stall_resent == phases.STALL_TRIES - 1 and single.stall_kept == 1
+    warning = caveats(_m(client_stall_resent=single.stall_resent, client_stall_kept=single.stall_kept), bench)
+    assert any("starved of CPU" in w and "quieter machine" in w for w in warning)

@@ -25,6 +25,11 @@ def caveats(m: Measurement, bench: BenchConfig) -> list[str]:
                 f"concurrency {level} with {bench.level_requests(level)} requests barely reaches a steady state: "
                 f"raise [bench] concurrent_requests to at least {3 * level}"
             )
+    if m.client_stall_kept:
+        out.append(
+            f"{m.client_stall_kept} single-stream request(s) were timed while this client was starved of CPU "
+            f"(sent {m.client_stall_resent} time(s) again): single_tps may be off; measure on a quieter machine"
+        )
     if m.ignore_eos:
         out.append("ignore_eos is on: these speeds are inflated (see greedy_inflation); set [bench] ignore_eos = false for real traffic")
     return out

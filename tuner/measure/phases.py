@@ -21,6 +21,9 @@ from tuner.server.client import ServerInfo
 __all__ = ["max_tokens_of", "closed_loop", "Single", "Concurrent", "warm_up", "single_phase", "concurrent_phases", "acceptance", "Acceptance", "depth_histogram"]
 
 
+STALL_TRIES = 3  # sends of a single-stream request the client was starved through, at most
+
+
 def max_tokens_of(prompt: Prompt, bench: BenchConfig) -> int:
     """A request's max_tokens: its own (a request log, a synthetic length), else [bench] max_tokens."""
     return prompt.max_tokens or bench.max_tokens
@@ -64,6 +67,8 @@ class Single:
     ci95: tuple[float, float]
     reference_tps: float | None  # stopping at EOS, when the workload ignores it
     class_rates: dict[str, list[float]] = field(default_factory=dict)  # per class, one mean rate per pass
+    stall_resent: int = 0  # requests sent again: the client was starved during them (stalls.py)
+    stall_kept: int = 0  # requests still starved after STALL_TRIES
 
 
 @dataclass
@@ -109,10 +114,20 @@ async def single_phase(runner: StreamClient, bench: BenchConfig, workload: Workl
     rates: list[float] = []
     class_rates: dict[str, list[float]] = {c: [] for c in workload.classes}
     pass_prompts = workload.single_pass(bench.single_requests)
+    resent = kept = 0
     while len(rates) < bench.single_max_passes:
         done = []
         for i, prompt in enumerate(pass_prompts):
-            done.append(await runner.one(prompt, max_tokens_of(prompt, bench)))
+            result = await runner.one(prompt, max_tokens_of(prompt, bench))
+            # A request the client was starved through reads its chunks in a burst: its decode
+            # rate is the client's (once 5.6x the server's).  The same prompt is sent again.
+            for _ in range(STALL_TRIES - 1):
+                if not result.client_stalled:
+                    break
+                resent += 1
+                result = await runner.one(prompt, max_tokens_of(prompt, bench))
+            kept += result.client_stalled
+            done.append(result)
             if progress:
                 progress(f"single pass {len(rates) + 1}", i + 1, len(pass_prompts))
         singles += done
@@ -131,7 +146,7 @@ async def single_phase(runner: StreamClient, bench: BenchConfig, workload: Workl
         natural = [r.decode_tps for r in [await runner.one(p, max_tokens_of(p, bench)) for p in pass_prompts] if r.decode_tps]
         runner.ignore_eos = True
         reference_tps = statistics.fmean(natural) if natural else None
-    return Single(singles, rates, single_tps, ci, reference_tps, class_rates)
+    return Single(singles, rates, single_tps, ci, reference_tps, class_rates, resent, kept)
 
 
 async def concurrent_phases(runner: StreamClient, bench: BenchConfig, workload: Workload, progress: Progress | None) -> Concurrent:

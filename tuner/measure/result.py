@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
+from tuner.measure.stalls import stalled
 from tuner.server.client import Rank
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ class RequestResult:
     accept_histogram: tuple[int, ...] | None = None
     request_class: str = "user"  # the prompt's class (workload.py): its category, split by context_buckets
     max_tokens: int = 0  # what the request asked for (the KV it may come to hold: prompt_tokens + this)
+    client_stall_s: float = 0.0  # of start..end, the seconds the measuring client could not run (stalls.py)
 
     @property
     def ttft_s(self) -> float:
@@ -42,6 +44,11 @@ class RequestResult:
     @property
     def decode_s(self) -> float:
         return self.end - self.first_token
+
+    @property
+    def client_stalled(self) -> bool:
+        """Its timing measured the client, starved of CPU, more than the server (stalls.py)."""
+        return stalled(self.client_stall_s, self.start, self.end)
 
     @property
     def decode_tps(self) -> float | None:
@@ -125,6 +132,10 @@ class Measurement:
     load_curve: "LoadCurve | None" = None
     by_class: dict[str, ClassFigures] = field(default_factory=dict)
     request_tokens_auto: bool = False  # request_tokens was measured ([bench] request_tokens = "auto")
+    # Single-stream requests sent again because the measuring client was starved of CPU during
+    # them (stalls.py), and those still starved after the last try (kept: a caveat says so).
+    client_stall_resent: int = 0
+    client_stall_kept: int = 0
 
     @property
     def capacity(self) -> int:

@@ -145,4 +145,6 @@ def _measurement(bench: BenchConfig, info: ServerInfo, single: phases.Single, co
         concurrent_ttft_p99_ms=max(conc.p99_ttft.values()) if conc.p99_ttft else float("nan"),
         concurrent_phase_tps_by_level=conc.whole_phase,
         load_curve=load_curve,
+        client_stall_resent=single.stall_resent,
+        client_stall_kept=single.stall_kept,
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import replace
 
 import httpx
 import openai
@@ -15,6 +16,7 @@ import openai
 from tuner.config import BenchConfig
 from tuner.errors import MeasureError
 from tuner.measure.result import RequestResult
+from tuner.measure.stalls import LoopWatch
 from tuner.measure.workload import Prompt
 
 __all__ = ["StreamClient", "step_tokens", "sum_histograms"]
@@ -98,15 +100,20 @@ class StreamClient:
         )
         self.sent = 0
         self.ignore_eos = bench.ignore_eos
+        self.watch = LoopWatch()  # when this client itself could not run: stalls.py
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.http = httpx.AsyncClient(base_url=url.rstrip("/"), headers=headers, trust_env=False,
                                       timeout=httpx.Timeout(bench.request_timeout_s, read=bench.stall_timeout_s, connect=10.0))
 
     async def one(self, prompt: Prompt, max_tokens: int) -> RequestResult:
+        """One streamed chat request, timed by when its chunks were read; `client_stall_s`
+        says how long of it the client itself could not run."""
+        self.watch.start()
         try:
-            return await asyncio.wait_for(self._one(prompt, max_tokens), self.bench.request_timeout_s)
+            result = await asyncio.wait_for(self._one(prompt, max_tokens), self.bench.request_timeout_s)
         except asyncio.TimeoutError:
             raise MeasureError(f"a request took longer than request_timeout_s={self.bench.request_timeout_s:g} s") from None
+        return replace(result, client_stall_s=self.watch.starved_s(result.start, result.end))
 
     async def _one(self, prompt: Prompt, max_tokens: int) -> RequestResult:
         self.sent += 1
@@ -224,5 +231,6 @@ class StreamClient:
         return step_tokens(counts)
 
     async def close(self) -> None:
+        await self.watch.stop()
         await self.http.aclose()
         await self.client.close()

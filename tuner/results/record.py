@@ -212,6 +212,9 @@ def record_measurement(trial, m: Measurement) -> None:
     }
     if m.accept_histogram:
         attrs[ACCEPT_HISTOGRAM] = list(m.accept_histogram)
+    if m.client_stall_resent or m.client_stall_kept:  # the client was starved mid-request (measure/stalls.py)
+        attrs["client_stall_resent"] = m.client_stall_resent
+        attrs["client_stall_kept"] = m.client_stall_kept
     attrs.update(_slo_attrs(m))
     attrs[REQUEST_TOKENS_AUTO] = m.request_tokens_auto
     attrs[BY_CLASS] = {c: _class_attrs(f) for c, f in m.by_class.items()}
