@@ -397,7 +397,9 @@ def trial_row(t: optuna.trial.FrozenTrial, lands: Landscape) -> dict[str, Any]:
            "true_failure": e.failure, "true": list(e.values()) if e.feasible else None,
            "measured": list(t.values) if t.state == TrialState.COMPLETE else None,
            # what the model sampler predicted for the launch (record.MODEL_PREDICTION), for the reliability table
-           "p_start": (t.user_attrs.get(record.MODEL_PREDICTION) or {}).get("p_start")}
+           "p_start": (t.user_attrs.get(record.MODEL_PREDICTION) or {}).get("p_start"),
+           # single-stream requests sent again: the tuner was starved of CPU during them (measure/stalls.py)
+           "stall_resent": t.user_attrs.get("client_stall_resent", 0)}
     return row
 
 
