@@ -82,11 +82,22 @@ def test_the_loop_watch_sees_a_client_that_could_not_run_mid_request():
         time.sleep(0.2)  # the loop cannot run, as when the process is descheduled on a busy machine
         end = time.monotonic()
         starved = watch.starved_s(start, end)  # asked before the watch's own late wake-up has run
+        gaps = watch.starved_gaps((start - 0.01, start, end))
         await watch.stop()
-        return starved, start, end
+        return starved, start, end, gaps
 
-    starved, start, end = asyncio.run(main())
+    starved, start, end, gaps = asyncio.run(main())
     assert starved >= 0.15 and stalled(starved, start, end)
+    assert 1 in gaps  # the chunk gap the stall fell in
+
+
+def test_a_chunk_gap_the_client_was_starved_through_is_not_an_inter_token_latency():
+    # Chunks every 10 ms, one gap of 300 ms while the client could not run: without it the
+    # p99 ITL of every stream in flight would be 300 ms and fail an SLO the server meets.
+    times = (0.0, 0.01, 0.02, 0.32, 0.33, 0.34)
+    r = RequestResult(10, 6, 0.0, 0.0, 0.34, chunk_times=times, client_stall_gaps=(2,))
+    assert max(r.itl_s()) == pytest.approx(0.01) and len(r.itl_s()) == 4
+    assert max(RequestResult(10, 6, 0.0, 0.0, 0.34, chunk_times=times).itl_s()) == pytest.approx(0.30)
 
 
 def test_a_single_stream_request_timed_while_the_client_was_starved_is_sent_again():

@@ -36,6 +36,8 @@ class RequestResult:
     request_class: str = "user"  # the prompt's class (workload.py): its category, split by context_buckets
     max_tokens: int = 0  # what the request asked for (the KV it may come to hold: prompt_tokens + this)
     client_stall_s: float = 0.0  # of start..end, the seconds the measuring client could not run (stalls.py)
+    # Chunk gaps (i: chunk_times[i] -> [i + 1]) the client was starved through: the client's, not the server's.
+    client_stall_gaps: tuple[int, ...] = ()
 
     @property
     def ttft_s(self) -> float:
@@ -62,13 +64,16 @@ class RequestResult:
 
         Chunks carry several tokens under speculation; usage gives the total, so a gap is
         divided by the request's mean tokens per chunk (SGLang's bench divides by the chunk's
-        own count, which we do not read from the text).
+        own count, which we do not read from the text).  A gap the measuring client was
+        starved through is left out: the stall was the client's (stalls.py), and one such gap
+        in every stream of a concurrency level would be that level's p99.
         """
         times = self.chunk_times
         if len(times) < 2 or self.completion_tokens < 2:
             return []
         per_chunk = (self.completion_tokens - 1) / (len(times) - 1)
-        gaps = [b - a for a, b in zip(times, times[1:])]
+        skip = set(self.client_stall_gaps)
+        gaps = [b - a for i, (a, b) in enumerate(zip(times, times[1:])) if i not in skip]
         return [g / per_chunk for g in gaps for _ in range(max(1, round(per_chunk)))]
 
 

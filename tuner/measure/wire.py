@@ -113,7 +113,8 @@ class StreamClient:
             result = await asyncio.wait_for(self._one(prompt, max_tokens), self.bench.request_timeout_s)
         except asyncio.TimeoutError:
             raise MeasureError(f"a request took longer than request_timeout_s={self.bench.request_timeout_s:g} s") from None
-        return replace(result, client_stall_s=self.watch.starved_s(result.start, result.end))
+        return replace(result, client_stall_s=self.watch.starved_s(result.start, result.end),
+                       client_stall_gaps=self.watch.starved_gaps(result.chunk_times))
 
     async def _one(self, prompt: Prompt, max_tokens: int) -> RequestResult:
         self.sent += 1
