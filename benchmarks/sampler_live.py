@@ -369,7 +369,8 @@ def score_sent_prompts(run: dict[str, Any]) -> None:
     """Adds `hv_prompts` to each budget of a finished study: the HV of its launches' values
     under the truth of the prompts it sent (`sent_prompts`), against that truth's own front.
     The search is judged on what it could measure, less the timing noise; `hv` judges it on
-    the mix the landscape is defined for.  Idempotent; older runs are scored when read."""
+    the mix the landscape is defined for.  Idempotent: `live_study` scores a new study, and
+    `summarise` any study read from a run written before this score existed."""
     if all("hv_prompts" in a for a in run["at"].values()):
         return
     name = ALIASES.get(run["landscape"], run["landscape"])
@@ -399,7 +400,7 @@ def trial_row(t: optuna.trial.FrozenTrial, lands: Landscape) -> dict[str, Any]:
            # what the model sampler predicted for the launch (record.MODEL_PREDICTION), for the reliability table
            "p_start": (t.user_attrs.get(record.MODEL_PREDICTION) or {}).get("p_start"),
            # single-stream requests sent again: the tuner was starved of CPU during them (measure/stalls.py)
-           "stall_resent": t.user_attrs.get("client_stall_resent", 0)}
+           "stall_resent": t.user_attrs.get(record.CLIENT_STALL_RESENT, 0)}
     return row
 
 

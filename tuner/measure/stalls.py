@@ -14,9 +14,10 @@ came late by more than `late_s` as an interval the client was starved; `starved_
 is how much of a request's life fell in such intervals (a single-stream request starved for
 more than 5% of it is sent again: measure/phases.py), and `starved_gaps` which gaps between
 its chunks did (left out of its inter-token latencies: one stall puts a gap of its length in
-every stream in flight, which would be a concurrency level's p99 ITL and fail an SLO).  Python offers no portable "was this
-process descheduled" signal (getrusage counts involuntary switches, not their length, and
-only per process); a late timer is the same measurement asyncio's own slow-callback debug
+every stream in flight, which would be a concurrency level's p99 ITL and fail an SLO).
+
+Python offers no portable "was this process descheduled" signal (getrusage counts involuntary
+switches, not their length, and only per process); a late timer is the same measurement asyncio's own slow-callback debug
 check makes, and it sees a blocked loop as well as a descheduled process.
 """
 
@@ -74,8 +75,7 @@ class LoopWatch:
         spans = [(a, b) for a, b in self._spans() if b > times[0] and a < times[-1]]
         if not spans:
             return ()
-        return tuple(i for i, (t0, t1) in enumerate(zip(times, times[1:]))
-                     if sum(max(0.0, min(t1, b) - max(t0, a)) for a, b in spans) > MIN_STALL_S)
+        return tuple(i for i, (t0, t1) in enumerate(zip(times, times[1:])) if _overlap(spans, t0, t1) > MIN_STALL_S)
 
     def _spans(self) -> list[tuple[float, float]]:
         spans = list(self.intervals)
@@ -88,7 +88,12 @@ class LoopWatch:
         """Seconds of [start, end] the loop could not run.  A stall that has just ended is
         counted before the watch's own late wake-up has run (the request that spanned it may
         be resumed first)."""
-        return sum(max(0.0, min(end, b) - max(start, a)) for a, b in self._spans() if b > start and a < end)
+        return _overlap(self._spans(), start, end)
+
+
+def _overlap(spans: list[tuple[float, float]], start: float, end: float) -> float:
+    """Seconds of [start, end] inside the spans (which do not overlap each other)."""
+    return sum(max(0.0, min(end, b) - max(start, a)) for a, b in spans)
 
 
 def stalled(starved_s: float, start: float, end: float) -> bool:

@@ -21,7 +21,7 @@ __all__ = [
     "MAX_TOTAL_NUM_TOKENS", "MAX_RUNNING_REQUESTS", "ACCEPT_LENGTH", "TTFT_MS", "STARTUP_S",
     "SGLANG_VERSION", "ACCELERATOR", "GPU_COUNT", "SERVER_MEM_FRACTION_STATIC", "HYPERVOLUME",
     "ATTENTION_BACKEND", "PAGE_SIZE", "SPECULATIVE_ADAPTIVE", "ARCHITECTURE", "DP_RANKS", "ACCEPT_LENGTH_SOURCE",
-    "SERVER_ACCEPT_LENGTH", "DECLARED_MAX_RUNNING", "ACCEPT_HISTOGRAM", "REQUEST_TOKENS", "REQUEST_TOKENS_AUTO", "BY_CLASS", "by_class_of", "MEMORY_USAGE", "CAPTURE_MEMORY", "MODEL_PREDICTION", "MODEL_NOTE", "THINKING_TOKENS", "DUPLICATE_OF", "RULED_OUT_BY", "RETRY_OF", "WARM_START", "BASELINE", "CONSTRAINTS",
+    "SERVER_ACCEPT_LENGTH", "DECLARED_MAX_RUNNING", "ACCEPT_HISTOGRAM", "REQUEST_TOKENS", "REQUEST_TOKENS_AUTO", "CLIENT_STALL_RESENT", "CLIENT_STALL_KEPT", "BY_CLASS", "by_class_of", "MEMORY_USAGE", "CAPTURE_MEMORY", "MODEL_PREDICTION", "MODEL_NOTE", "THINKING_TOKENS", "DUPLICATE_OF", "RULED_OUT_BY", "RETRY_OF", "WARM_START", "BASELINE", "CONSTRAINTS",
     "SERVER_LOG_ARTIFACT", "SINGLE_TPS_SPREAD", "SINGLE_TPS_CI95", "INTERRUPTED", "SCHEDULE",
     "SLO_CURVE", "SLO_NOTE", "SLO_SWEEP_S", "SLO_PROMISE", "SLO_CAPACITY", "slo_curve_of", "slo_first_broken",
     "SINGLE_TPS_RUNS", "CONCURRENT_TPS_BY_LEVEL", "CONCURRENT_WINDOW_S", "CONCURRENT_P99_ITL_MS", "CONCURRENT_P99_TTFT_MS",
@@ -82,6 +82,10 @@ HYPERVOLUME = "hypervolume"  # the front's normalised hypervolume with this tria
 ACCEPT_HISTOGRAM = "accept_histogram"  # [n0, n1, ...]: verify steps that accepted k drafts (depth probe)
 REQUEST_TOKENS = "request_tokens"  # contract: [bench] request_tokens, or the measured footprint ("auto"): capacity's unit
 REQUEST_TOKENS_AUTO = "request_tokens_auto"  # true when request_tokens was measured from the workload
+# Single-stream requests sent again because the tuner was starved of CPU during them, and
+# those starved on every send (tuner/measure/stalls.py); recorded only when nonzero.
+CLIENT_STALL_RESENT = "client_stall_resent"
+CLIENT_STALL_KEPT = "client_stall_kept"
 # contract: per request class {"requests", "single_tps", "single_tps_ci95", "accept_length",
 # "prompt_tokens_median", "concurrent_tps", "share", "single_s"} (tuner/measure/by_class.py)
 BY_CLASS = "by_class"
@@ -212,9 +216,9 @@ def record_measurement(trial, m: Measurement) -> None:
     }
     if m.accept_histogram:
         attrs[ACCEPT_HISTOGRAM] = list(m.accept_histogram)
-    if m.client_stall_resent or m.client_stall_kept:  # the client was starved mid-request (measure/stalls.py)
-        attrs["client_stall_resent"] = m.client_stall_resent
-        attrs["client_stall_kept"] = m.client_stall_kept
+    if m.client_stall_resent or m.client_stall_kept:
+        attrs[CLIENT_STALL_RESENT] = m.client_stall_resent
+        attrs[CLIENT_STALL_KEPT] = m.client_stall_kept
     attrs.update(_slo_attrs(m))
     attrs[REQUEST_TOKENS_AUTO] = m.request_tokens_auto
     attrs[BY_CLASS] = {c: _class_attrs(f) for c, f in m.by_class.items()}
