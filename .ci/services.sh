@@ -59,6 +59,18 @@ testhost_up() {
   log "test host up in $((SECONDS - t0)) s (.ci/.testhost/env)"
 }
 
+port_free_for_postgres() {
+  # Another clone's `make test` leaves its PostgreSQL up on the same port; pg_ctl then says only
+  # "could not start server".  Name the holder and the fix in one line.
+  if (exec 3<>"/dev/tcp/127.0.0.1/$PG_PORT") 2>/dev/null; then
+    local holder
+    holder=$(pgrep -a -f "postgres .*-p $PG_PORT( |$)" | grep -o -- '-D [^ ]*' | head -n 1 | cut -c4-)
+    log "127.0.0.1:$PG_PORT is taken${holder:+ by the PostgreSQL of $holder (the make test of another clone)}: run" \
+        "${holder:+.ci/services.sh down in that clone, or }PG_PORT=<a free port> make test"
+    return 1
+  fi
+}
+
 postgres_up() {
   need_root "PostgreSQL" || return 0
   apt_install postgresql
@@ -73,6 +85,7 @@ postgres_up() {
     runuser -u postgres -- "$bin/initdb" -D "$PG_DATA" -A trust -U postgres >/dev/null
   fi
   if ! runuser -u postgres -- "$bin/pg_ctl" -D "$PG_DATA" status >/dev/null 2>&1; then
+    port_free_for_postgres || return 1
     runuser -u postgres -- "$bin/pg_ctl" -D "$PG_DATA" -l "$PG_SOCK/server.log" -w \
       -o "-c listen_addresses=127.0.0.1 -p $PG_PORT -k $PG_SOCK" start >/dev/null
   fi
