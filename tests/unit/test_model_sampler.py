@@ -579,3 +579,17 @@ def test_an_unseen_tree_width_is_half_as_novel_once_another_width_fixed_the_rank
     assert novelty({1: 3}) == 1.0  # no tree measured: nothing known of any width
     assert novelty({1: 3, 2: 4}) == 0.5
     assert novelty({1: 3, 4: 4}) == 0.0
+
+
+def test_a_deeper_chain_is_novel_for_its_depth_once_not_again_for_its_draft_tokens():
+    # A chain's draft tokens are its steps + 1: counting the extra depth and the extra draft
+    # tokens both doubled a deeper chain's spread, and family:2's studies spent launches on
+    # (8, 1, 9) and (7, 2, 15) for it (a single-request fit within 1.4% of the truth).
+    from types import SimpleNamespace
+
+    stub = SimpleNamespace(measured_steps={1: 5, 2: 5}, memory=SimpleNamespace(max_draft={1: 6, 2: 11}),
+                           _verifies_chain=lambda s, k, d: False)
+    assert M.Model._shape_novelty(stub, 8, 1, 9) == pytest.approx(0.45)  # three steps deeper, once
+    assert M.Model._shape_novelty(stub, 5, 1, 6) == 0.0
+    # a tree's draft tokens are not fixed by its depth: both still count
+    assert M.Model._shape_novelty(stub, 7, 2, 15) == pytest.approx(0.3 + 4 / 15)
