@@ -583,8 +583,8 @@ def test_an_unseen_tree_width_is_half_as_novel_once_another_width_fixed_the_rank
 
 def test_a_deeper_chain_is_novel_for_its_depth_once_not_again_for_its_draft_tokens():
     # A chain's draft tokens are its steps + 1: counting the extra depth and the extra draft
-    # tokens both doubled a deeper chain's spread, and family:2's studies spent launches on
-    # (8, 1, 9) and (7, 2, 15) for it (a single-request fit within 1.4% of the truth).
+    # tokens both doubled a deeper chain's spread, and family:2's studies spent a launch on
+    # (8, 1, 9) for it (its single-request fit was within 1.4% of the truth).
     from types import SimpleNamespace
 
     stub = SimpleNamespace(measured_steps={1: 5, 2: 5}, memory=SimpleNamespace(max_draft={1: 6, 2: 11}),
