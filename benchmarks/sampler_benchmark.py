@@ -667,6 +667,7 @@ def simulate(landscape_name: str, candidate_name: str, seed: int, n_trials: int 
     counts = {"launches": 0, "duplicate": 0, "ruled_out": 0, "memory_kv": 0, "memory_graph": 0, "invalid": 0}
     at: dict[int, dict[str, float]] = {}
     calls: list[tuple[float, bool, int]] = []  # (P(start) the model predicted, started, trial count)
+    probes: list[int] = []  # trial counts of the launches the model sampler chose as reserve probes
     for number in range(n_trials):
         trial = study.ask()
         params = suggest(trial, lands.space, lands.base)
@@ -689,6 +690,8 @@ def simulate(landscape_name: str, candidate_name: str, seed: int, n_trials: int 
             predicted = _predicted_p_start(study, trial.number)
             if predicted is not None:
                 calls.append((predicted, bool(e.feasible), number + 1))
+            if _is_reserve_probe(study, trial.number):
+                probes.append(number + 1)
             if not e.feasible:
                 kind = e.failure if e.failure in ("memory_kv", "memory_graph") else "invalid"
                 trial.set_user_attr("failure_kind", kind)
@@ -705,7 +708,7 @@ def simulate(landscape_name: str, candidate_name: str, seed: int, n_trials: int 
             hv = hv3(np.array(true_points)) / lands.front_hv if true_points else 0.0
             at[number + 1] = {"hv": hv, **counts}
     return {"landscape": landscape_name, "sampler": candidate_name, "seed": seed, "at": at,
-            "p_start": calls, "seconds": time.perf_counter() - t0}
+            "p_start": calls, "probes": probes, "seconds": time.perf_counter() - t0}
 
 
 def _jittered_out(lands: Landscape, p: Params, seed: int) -> bool:
@@ -729,6 +732,13 @@ def _predicted_p_start(study: optuna.Study, number: int) -> float | None:
     if decision is None or decision.fallback or not decision.prediction:
         return None
     return float(decision.prediction["p_start"])
+
+
+def _is_reserve_probe(study: optuna.Study, number: int) -> bool:
+    """Whether the model sampler chose this trial as a reserve probe (its note says so)."""
+    explain = getattr(study.sampler, "explain", None)
+    decision = explain(study, number) if explain else None
+    return decision is not None and decision.note.startswith("model: a reserve probe")
 
 
 def _failure_attrs(lands: Landscape, p: Params) -> dict[str, Any]:

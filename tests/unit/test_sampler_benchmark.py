@@ -76,6 +76,15 @@ def test_a_reserve_probe_after_the_first_failure_is_still_taken():
     assert run["at"][10]["hv"] > 0.95, run["at"][10]
 
 
+def test_a_reserve_probe_is_named_as_one_in_its_trials_note():
+    # tp4:16 seed 0: the second and third launches raise the first one's shape (3, 1, 4) to learn
+    # the reserve; the fourth, after the third failed, raises it again.  Their notes gave the
+    # largest expected gain of another candidate, (1, 1, 2) at 0.88, as if it were theirs
+    # ("largest expected hypervolume gain 0.0837 (P(start) 0.66)" for a probe whose own was 0.0031).
+    run = B.simulate("tp4:16", "auto: model (--sampler model) (DEFAULT)", seed=0, n_trials=5)
+    assert run["probes"] == [2, 3, 4], run["probes"]
+
+
 def test_after_two_failed_launches_the_study_takes_no_long_shot(monkeypatch):
     # family:7 drawn with a 12% capture reserve (beyond the model's 10% prior): every fraction
     # above the warm start's 0.83 fails.  Each reserve probe above it was an honest P(start)

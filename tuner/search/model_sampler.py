@@ -271,6 +271,11 @@ class ModelSampler(optuna.samplers.BaseSampler):
         params = dict(zip(_NAMES, (int(s), int(k), int(d), round(float(m), 6))))
         why = (f"largest expected hypervolume gain {float(gain.max()):.4f}" if gain.max() > 0 else
                "no configuration is expected to add to the front; the least known one")
+        if probe is not None:  # say so: the gain above is another candidate's, not this one's
+            lo, hi = model.memory.theta_range()
+            why = (f"a reserve probe, a measured shape raised to learn the memory the capture needs beyond what "
+                   f"it reports ({lo:.1f}-{hi:.1f} GiB so far; its own expected gain {float(probe_gain[probe]):.4f}, "
+                   f"the best other {float(gain.max()):.4f})")
         note = (f"model: {why} (P(start) {pred.p_start[best]:.2f}); "
                 f"fitted on {len(M.launches(trials, None))} launches, throughput fit error {model.fit_error:.1%}")
         return Decision(params, note=note, prediction=pred.interval(best))
