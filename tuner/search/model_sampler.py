@@ -269,16 +269,23 @@ class ModelSampler(optuna.samplers.BaseSampler):
             best = int(idx[probe])
         s, k, d, m = cand[best]
         params = dict(zip(_NAMES, (int(s), int(k), int(d), round(float(m), 6))))
-        why = (f"largest expected hypervolume gain {float(gain.max()):.4f}" if gain.max() > 0 else
-               "no configuration is expected to add to the front; the least known one")
-        if probe is not None:  # say so: the gain above is another candidate's, not this one's
-            lo, hi = model.memory.theta_range()
-            why = (f"a reserve probe, a measured shape raised to learn the memory the capture needs beyond what "
-                   f"it reports ({lo:.1f}-{hi:.1f} GiB so far; its own expected gain {float(probe_gain[probe]):.4f}, "
-                   f"the best other {float(gain.max()):.4f})")
+        why = _why(model, float(gain.max()), None if probe is None else float(probe_gain[probe]))
         note = (f"model: {why} (P(start) {pred.p_start[best]:.2f}); "
                 f"fitted on {len(M.launches(trials, None))} launches, throughput fit error {model.fit_error:.1%}")
         return Decision(params, note=note, prediction=pred.interval(best))
+
+
+def _why(model: M.Model, best_gain: float, probe_gain: float | None) -> str:
+    """Why the chosen configuration, for the trial's model_note.  A reserve probe says it is one,
+    with its own expected gain: the largest gain is another candidate's, not the probe's."""
+    if probe_gain is not None:
+        lo, hi = model.memory.theta_range()
+        return (f"a reserve probe, a measured shape raised to learn the memory the capture needs beyond what "
+                f"it reports ({lo:.1f}-{hi:.1f} GiB so far; its own expected gain {probe_gain:.4f}, "
+                f"the best other {best_gain:.4f})")
+    if best_gain > 0:
+        return f"largest expected hypervolume gain {best_gain:.4f}"
+    return "no configuration is expected to add to the front; the least known one"
 
 
 def _undominated(shapes: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
