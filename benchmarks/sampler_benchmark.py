@@ -724,11 +724,16 @@ def _jittered_out(lands: Landscape, p: Params, seed: int) -> bool:
     return abs(float(rng.normal(0.0, MEMORY_JITTER))) > margin
 
 
+def _decision(study: optuna.Study, number: int):
+    """The model sampler's Decision for the trial it just proposed (None for other samplers)."""
+    explain = getattr(study.sampler, "explain", None)
+    return explain(study, number) if explain else None
+
+
 def _predicted_p_start(study: optuna.Study, number: int) -> float | None:
     """The P(start) the model sampler predicted for the trial it just proposed (None for
     other samplers, a fallback, or the designed first launch)."""
-    explain = getattr(study.sampler, "explain", None)
-    decision = explain(study, number) if explain else None
+    decision = _decision(study, number)
     if decision is None or decision.fallback or not decision.prediction:
         return None
     return float(decision.prediction["p_start"])
@@ -736,8 +741,7 @@ def _predicted_p_start(study: optuna.Study, number: int) -> float | None:
 
 def _is_reserve_probe(study: optuna.Study, number: int) -> bool:
     """Whether the model sampler chose this trial as a reserve probe (its note says so)."""
-    explain = getattr(study.sampler, "explain", None)
-    decision = explain(study, number) if explain else None
+    decision = _decision(study, number)
     return decision is not None and decision.note.startswith("model: a reserve probe")
 
 

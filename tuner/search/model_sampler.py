@@ -277,12 +277,12 @@ class ModelSampler(optuna.samplers.BaseSampler):
 
 def _why(model: M.Model, best_gain: float, probe_gain: float | None) -> str:
     """Why the chosen configuration, for the trial's model_note.  A reserve probe says it is one,
-    with its own expected gain: the largest gain is another candidate's, not the probe's."""
+    with its own expected gain beside the largest of any candidate (usually another's, not the probe's)."""
     if probe_gain is not None:
         lo, hi = model.memory.theta_range()
         return (f"a reserve probe, a measured shape raised to learn the memory the capture needs beyond what "
                 f"it reports ({lo:.1f}-{hi:.1f} GiB so far; its own expected gain {probe_gain:.4f}, "
-                f"the best other {best_gain:.4f})")
+                f"the largest of any candidate {best_gain:.4f})")
     if best_gain > 0:
         return f"largest expected hypervolume gain {best_gain:.4f}"
     return "no configuration is expected to add to the front; the least known one"
