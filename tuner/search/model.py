@@ -457,6 +457,19 @@ _BEYOND_PRIOR = 0.05
 # fraction failed), the memory varies from launch to launch by at least this much, as shares of
 # the memory (doubling; if even the last leaves no weight, the failures are set aside as before).
 _LAUNCH_NOISE = (0.0025, 0.005, 0.01, 0.02, 0.04)
+# The least margin any start left (its startup_available) bounds the reserve from above, and once
+# the reserve is known (its 10-90% range within 2% of the memory: the reserve probes have stopped)
+# the climb ended right above it: a fixed need outside every figure sits there (qwen-demo: 2.0 GiB
+# of NCCL's buffers at tp 4 in every startup_available, the least margin 2.01 GiB).  Uniform up to
+# that margin, a new shape leaving a little less looked 0.95-0.99 sure: 37 of ~7,250 launches
+# predicted at P >= 0.9 in the 23 landscapes' 20-launch studies failed this way, on qwen-demo and
+# qwen-mtp-strong.  So this share of the prior sits at the margin itself: a launch leaving less
+# than any start did is at most 0.9 sure (a first launch's bar) until a start shows it.  38 -> 1
+# such failures, HV at 10 97.50 -> 97.51% (benchmarks/results/sampler_benchmark_least_margin.md).
+# While the reserve is unknown the atom would steer the probes (a share of 0.1 from the first
+# launch: qwen-demo 95.0 -> 92.1% at 10; sampler_rejected_edge_atom.md).
+_EDGE_ATOM = 0.1
+_RESERVE_KNOWN = 0.02  # the reserve's 10-90% range, as a share of the memory, below which it is known
 _CONTRADICTION = 1e-3  # no (graph, reserve) combination gives every failure this likelihood
 _UNSEEN_TREE = 1.5  # a first tree's graphs per graph token, up to 1.5x a chain's (FlashInfer's index buffers)
 _UNSEEN_TOPK = 1.25  # another topk than any started tree's
@@ -533,6 +546,7 @@ class Memory:
     # allocator, NCCL's and cuBLAS's workspaces): 0 until failures contradict the starts, then
     # the least of _LAUNCH_NOISE under which they do not (_infer_launch_noise).
     launch_noise: float = 0.0
+    margin_is_bound: bool = False  # theta_hi is the least margin a start left, and the reserve is known (_EDGE_ATOM)
 
     @property
     def beta(self) -> float:
@@ -597,6 +611,8 @@ class Memory:
         """P(the graphs fit): over the weighted (graph, theta) grid, mixed with the one beyond the prior."""
         own = self._p_graph(steps, topk, draft, mfs, bs)
         if self.beyond is None:
+            if self.margin_is_bound and _EDGE_ATOM > 0:
+                own = (1 - _EDGE_ATOM) * own + _EDGE_ATOM * self._p_left(steps, topk, draft, mfs, bs, self.theta_hi)
             return own
         return (1 - self.beyond_share) * own + self.beyond_share * self.beyond._p_graph(steps, topk, draft, mfs, bs)
 
@@ -616,6 +632,13 @@ class Memory:
             else:
                 out += np.interp(left, edges, np.concatenate([[0.0], np.cumsum(w[g])]))
         return np.clip(out, 0.0, 1.0)
+
+    def _p_left(self, steps, topk, draft, mfs, bs, theta: float) -> np.ndarray:
+        """P(a launch leaves at least theta GiB): over the graph grid's quantiles, their weights summed over theta."""
+        lo, hi = self.graph_range(steps, topk, draft, bs)
+        room = self.free(mfs)
+        w = self.weights.sum(axis=1) / self.weights.sum()
+        return sum(w[g] * (room - (lo + u * (hi - lo)) >= theta - 1e-9) for g, u in enumerate(_U_GRAPH))
 
     def _theta(self, u) -> np.ndarray:
         """The reserve at quantile u of its prior: uniform between the bounds."""
@@ -811,6 +834,9 @@ def _fit_memory(ls: list[Launch]) -> Memory | None:
     mem = Memory(pre, fixed, 0.0, 0.0, 0.0, cap, slots, coef, other, theta_hi, min(_THETA_MIN * pre, 0.5 * theta_hi),
                  spread + 0.05, {x.shape.topk for x in ok}, {})
     mem.theta_data = max(min(left), theta_hi)
+    # The least margin bounds the reserve (not the prior's 10%), and the reserve is known (_EDGE_ATOM):
+    # uniform up to theta_hi its 10-90% range is 0.8 theta_hi, as the sampler's _RESERVE_KNOWN reads it.
+    mem.margin_is_bound = min(left) <= _THETA_MAX * pre + comm and 0.8 * theta_hi <= _RESERVE_KNOWN * pre
     mem.drafts = tuple(sorted({x.shape.draft for x in ok}))
     # The setting as /server_info reports it (record.memory_usage keeps it).  Not the capture
     # log's largest batch: below the setting SGLang captures the schedule's sizes up to the

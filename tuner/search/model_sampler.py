@@ -348,7 +348,7 @@ _PROBE_FAILURES = 2
 # allowance applied to the probes too priced out family:0's probe after its first failure
 # (family:0 96.5 -> 95.3% at 10, a worst seed of 89.0%).
 _LAUNCHES_PER_FAILURE = 10
-_RESERVE_KNOWN = 0.02  # the reserve's 10-90% range, as a share of the memory, below which it is known
+_RESERVE_KNOWN = M._RESERVE_KNOWN  # one figure: the probes stop where the model puts its least-margin atom (model.py)
 
 
 def _failure_price(failed: int, launched: int) -> float:
