@@ -611,8 +611,6 @@ class Memory:
         """P(the graphs fit): over the weighted (graph, theta) grid, mixed with the one beyond the prior."""
         own = self._p_graph(steps, topk, draft, mfs, bs)
         if self.beyond is None:
-            if self.margin_is_bound and _EDGE_ATOM > 0:
-                own = (1 - _EDGE_ATOM) * own + _EDGE_ATOM * self._p_left(steps, topk, draft, mfs, bs, self.theta_hi)
             return own
         return (1 - self.beyond_share) * own + self.beyond_share * self.beyond._p_graph(steps, topk, draft, mfs, bs)
 
@@ -625,20 +623,17 @@ class Memory:
         if self.launch_noise > 0:  # the launch's own draw blurs the edge: a margin smaller than it is no margin
             theta = self._theta(_U_THETA)
             sd = math.hypot(self.launch_noise, (edges[1] - edges[0]) / 2)
+        at_margin = np.zeros(len(lo))  # P(the launch leaves at least the least margin a start left)
         for g, u in enumerate(_U_GRAPH):
             left = room - (lo + u * (hi - lo))  # what the reserve may take
             if self.launch_noise > 0:
                 out += (w[g][None, :] * norm.cdf((left[:, None] - theta[None, :]) / sd)).sum(axis=1)
             else:
                 out += np.interp(left, edges, np.concatenate([[0.0], np.cumsum(w[g])]))
+            at_margin += w[g].sum() * (left >= self.theta_hi - 1e-9)
+        if self.margin_is_bound and self.beyond is None:  # a share of the prior at the margin (_EDGE_ATOM)
+            out = (1 - _EDGE_ATOM) * out + _EDGE_ATOM * at_margin
         return np.clip(out, 0.0, 1.0)
-
-    def _p_left(self, steps, topk, draft, mfs, bs, theta: float) -> np.ndarray:
-        """P(a launch leaves at least theta GiB): over the graph grid's quantiles, their weights summed over theta."""
-        lo, hi = self.graph_range(steps, topk, draft, bs)
-        room = self.free(mfs)
-        w = self.weights.sum(axis=1) / self.weights.sum()
-        return sum(w[g] * (room - (lo + u * (hi - lo)) >= theta - 1e-9) for g, u in enumerate(_U_GRAPH))
 
     def _theta(self, u) -> np.ndarray:
         """The reserve at quantile u of its prior: uniform between the bounds."""
@@ -835,7 +830,7 @@ def _fit_memory(ls: list[Launch]) -> Memory | None:
                  spread + 0.05, {x.shape.topk for x in ok}, {})
     mem.theta_data = max(min(left), theta_hi)
     # The least margin bounds the reserve (not the prior's 10%), and the reserve is known (_EDGE_ATOM):
-    # uniform up to theta_hi its 10-90% range is 0.8 theta_hi, as the sampler's _RESERVE_KNOWN reads it.
+    # uniform up to theta_hi its 10-90% range is 0.8 theta_hi (the prior's range; the sampler reads the posterior's).
     mem.margin_is_bound = min(left) <= _THETA_MAX * pre + comm and 0.8 * theta_hi <= _RESERVE_KNOWN * pre
     mem.drafts = tuple(sorted({x.shape.draft for x in ok}))
     # The setting as /server_info reports it (record.memory_usage keeps it).  Not the capture
@@ -918,7 +913,8 @@ def _weigh_graph_failures(mem: Memory, failed: list[Launch]) -> None:
     _infer_launch_noise(mem, failed)
     mem.weights, floors = _failure_weights(mem, failed)
     if failed and mem.theta_data > mem.theta_hi:
-        beyond = replace(mem, theta_lo=mem.theta_hi, theta_hi=mem.theta_data, floors={}, hi_scale=1.0, beyond=None)
+        beyond = replace(mem, theta_lo=mem.theta_hi, theta_hi=mem.theta_data, floors={}, hi_scale=1.0, beyond=None,
+                         margin_is_bound=False)
         beyond.weights, beyond_floors = _failure_weights(beyond, failed)
         odds_prior = (1 - _BEYOND_PRIOR) * mem.weights.mean() * _BEYOND_PRIOR ** floors
         odds_beyond = _BEYOND_PRIOR * beyond.weights.mean() * _BEYOND_PRIOR ** beyond_floors
