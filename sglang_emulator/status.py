@@ -187,7 +187,8 @@ class StatusEndpoints:
         if self.resolved.version != "0.5.9":
             # entrypoints/v1_loads.py · _num_accelerators_per_dp_rank (absent in 0.5.9)
             body["accelerator"] = self.resolved.profile.gpu.name
-            body["num_accelerators"] = self.resolved.tp // self.resolved.dp if self.resolved.dp_attention else self.resolved.tp
+            per_rank = self.resolved.tp * max(int(self.resolved.raw.get("pp_size") or 1), 1)
+            body["num_accelerators"] = per_rank // self.resolved.dp if self.resolved.dp_attention else per_rank
         body["loads"] = out
         return JSONResponse(body)
 

@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from ..conftest import wait_until
+from tuner.server.client import ServerClient
 
 pytestmark = pytest.mark.e2e
 
@@ -161,6 +162,7 @@ def test_version_059(start_emulator):
     assert httpx.get(emu.url + "/server_info").json()["version"] == "0.5.9"
     loads = httpx.get(emu.url + "/v1/loads").json()
     assert "accelerator" not in loads and "num_accelerators" not in loads
+    assert ServerClient(emu.url).server_info().gpu_count == 4  # --tp 4, counted from /server_info's arguments
     full = _chat(emu.url, messages=[{"role": "user", "content": "hi"}], max_tokens=20, return_spec_tokens_details=True)
     assert "sglext" not in full and "completion_tokens_details" not in full["usage"]
     bad = start_emulator("--speculative-algorithm", "NEXTN", "--speculative-adaptive", env=env)

@@ -59,6 +59,28 @@ def test_server_info_reads_each_dp_rank_never_rank_zero_times_dp():
     assert (info.attention_backend, info.page_size, info.architecture, info.speculative) == ("flashinfer", 1, "LlamaForCausalLM", True)
 
 
+def test_a_0_5_9_server_without_accelerator_fields_still_says_how_many_gpus_a_rank_spans():
+    # 0.5.9's /v1/loads has no accelerator fields; its /server_info carries tp_size, pp_size,
+    # dp_size and enable_dp_attention, from which SGLang 0.5.23 counts num_accelerators itself.
+    def server(args, ranks):
+        def handler(request):
+            if request.url.path == "/server_info":
+                states = [{"effective_max_running_requests_per_dp": 8, "memory_usage": {"token_capacity": 1000}}] * ranks
+                return httpx.Response(200, json={"version": "0.5.9", "max_total_num_tokens": 1000, "max_running_requests": 48,
+                                                 "internal_states": states, **args})
+            if request.url.path == "/v1/loads":
+                return httpx.Response(200, json={"version": "0.5.9", "loads": []})
+            return httpx.Response(404)
+        return _client(handler).server_info()
+
+    assert server({"tp_size": 4, "pp_size": 1, "dp_size": 1, "enable_dp_attention": False}, 1).gpu_count == 4
+    assert server({"tp_size": 2, "pp_size": 2, "dp_size": 1}, 1).gpu_count == 4
+    under_dp_attention = server({"tp_size": 4, "dp_size": 2, "enable_dp_attention": True}, 2)
+    assert (under_dp_attention.num_accelerators, under_dp_attention.gpu_count) == (2, 4)
+    assert server({"tp_size": 2, "dp_size": 2, "enable_dp_attention": False}, 2).gpu_count == 4  # two replicas of two
+    assert server({}, 1).gpu_count is None  # nothing said: unknown, not one
+
+
 def test_capacity_is_summed_per_rank():
     from tuner.measure.runner import Measurement
     from tuner.server.client import Rank

@@ -80,6 +80,21 @@ class ServerInfo:
         return self.args.get("speculative_adaptive")
 
 
+def _accelerators_per_dp_rank(args: dict[str, Any]) -> int | None:
+    """GPUs behind one DP rank, counted from the server's own arguments as SGLang counts them
+    for `/v1/loads` (`entrypoints/v1_loads.py · _num_accelerators_per_dp_rank`: tp x pp, over
+    the DP ranks under DP attention).  0.5.9's `/v1/loads` has no accelerator fields, but its
+    `/server_info` carries every argument; without this a four-GPU rank on 0.5.9 was taken for
+    one, and the memory model's reserve range missed its communication buffers."""
+    tp = args.get("tp_size")
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+        return None
+    count = tp * max(int(args.get("pp_size") or 1), 1)
+    if args.get("enable_dp_attention") and int(args.get("dp_size") or 1) > 1:
+        count //= int(args["dp_size"])
+    return max(count, 1)
+
+
 def _ranks(body: dict[str, Any], loads: dict[str, Any] | None) -> tuple[Rank, ...]:
     """Per-rank capacity: internal_states first, then /v1/loads, then the top-level fields
     (a single-rank server that reports nothing else)."""
@@ -173,7 +188,7 @@ class ServerClient:
             args=body,
             accept_length=sum(accept) / len(accept) if accept else None,
             accelerator=(loads or {}).get("accelerator"),
-            num_accelerators=(loads or {}).get("num_accelerators"),
+            num_accelerators=(loads or {}).get("num_accelerators") or _accelerators_per_dp_rank(body),
             architecture=self.architecture(),
         )
 
