@@ -630,7 +630,8 @@ class Memory:
                 out += (w[g][None, :] * norm.cdf((left[:, None] - theta[None, :]) / sd)).sum(axis=1)
             else:
                 out += np.interp(left, edges, np.concatenate([[0.0], np.cumsum(w[g])]))
-            at_margin += w[g].sum() * (left >= self.theta_hi - 1e-9)
+            if self.margin_is_bound:
+                at_margin += w[g].sum() * (left >= self.theta_hi - 1e-9)
         if self.margin_is_bound and self.beyond is None:  # a share of the prior at the margin (_EDGE_ATOM)
             out = (1 - _EDGE_ATOM) * out + _EDGE_ATOM * at_margin
         return np.clip(out, 0.0, 1.0)
