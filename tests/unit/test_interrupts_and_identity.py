@@ -7,6 +7,7 @@ import signal
 import threading
 import time
 
+import invoke
 import pytest
 
 from tuner import interrupts
@@ -41,6 +42,30 @@ def test_a_ctrl_c_during_a_local_shell_command_is_raised_once_it_ends(tmp_path):
         shell.run(f"touch {running}; sleep 2; echo done > {tmp_path / 'ended'}")
     assert (tmp_path / "ended").exists()  # let finish (a pid file is never left half-written) ...
     assert time.monotonic() - started < 30  # ... and raised when it ended, not at the run's end
+    assert shell.run("echo still usable").stdout.strip() == "still usable"
+
+
+@pytest.mark.parametrize("step", ["_unify_kwargs_with_config", "generate_env", "start", "start_timer", "create_io_threads", "wait"])
+def test_a_ctrl_c_at_any_step_of_a_local_command_is_a_ctrl_c(monkeypatch, step):
+    """A signal arriving while Invoke was still setting the command up came out as AttributeError
+    (Local.stop read `using_pty` before it was set) and the tuner exited 1, not 130 (a fresh-clone
+    CI run).  Each step of Invoke's run is interrupted in turn, as a signal can land in any."""
+    shell = connect(TargetConfig())
+    original = getattr(invoke.runners.Local, step)
+    signals = [KeyboardInterrupt()]  # one signal: Invoke calls wait() again after one
+
+    def interrupted(self, *args, **kwargs):
+        if step not in ("start", "wait"):
+            raise signals.pop()  # before the command exists
+        result = original(self, *args, **kwargs)  # the command is under way when it lands
+        if signals:
+            raise signals.pop()
+        return result
+
+    monkeypatch.setattr(invoke.runners.Local, step, interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        shell.run("true")
+    monkeypatch.undo()
     assert shell.run("echo still usable").stdout.strip() == "still usable"
 
 

@@ -53,6 +53,15 @@ class _LocalRunner(invoke.Local):
     def send_interrupt(self, interrupt: KeyboardInterrupt) -> None:
         self.interrupted = interrupt
 
+    def stop(self) -> None:
+        # Invoke's run() calls stop() in a `finally`, and Local.stop reads `using_pty`, which
+        # _setup only sets part-way through: a signal arriving before then turned the
+        # KeyboardInterrupt into AttributeError and the run exited 1, not 130 (a fresh-clone CI
+        # run, tests/e2e/test_signals.py · second launch).  Before setup there is no pty.
+        if not hasattr(self, "using_pty"):
+            self.using_pty = False
+        super().stop()
+
     def run(self, command: str, **kwargs):  # type: ignore[override]
         self.interrupted: KeyboardInterrupt | None = None
         try:
