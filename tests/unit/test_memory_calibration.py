@@ -290,3 +290,36 @@ def test_while_the_reserve_is_unknown_the_least_margin_is_no_edge():
     # probes there: qwen-demo 95.0 -> 92.1% of the front at 10 launches).
     trials = [_dense(3, 1, 4, 0.85, graph=0.5), _dense(3, 1, 4, 0.93, graph=0.5)]
     assert _p_start(trials, 4, 1, 5, 0.93) >= 0.9
+
+
+def _ask(trials):
+    """The model sampler's next configuration, its P(start) and its note, nothing fixed."""
+    study = optuna.create_study(directions=["maximize"] * 3, sampler=make_sampler("model", 0, n_objectives=3))
+    study.set_metric_names(NAMES)
+    for t in trials:
+        study.add_trial(t)
+    trial = study.ask()
+    p = suggest(trial, SPACE, Params())
+    shape = (p.speculative_num_steps, p.speculative_eagle_topk, p.speculative_num_draft_tokens)
+    return shape, p.mem_fraction_static, trial.user_attrs[record.MODEL_PREDICTION]["p_start"], trial.user_attrs[record.MODEL_NOTE]
+
+
+def test_after_two_failed_launches_the_next_is_one_the_model_is_all_but_sure_of():
+    # A capture reserve beyond the prior: a chain inside the started deep chain failed at 0.85, a
+    # tree at 0.83, both proposed by the model.  It then put a new tree at 0.80 at P(start) 0.93;
+    # in the 12%-reserve worlds such launches after two failures started half the time, the third
+    # failure of 98 studies in 160.  After two the study launches only what it is all but sure of.
+    started = [_dense(8, 1, 9, 0.80, graph=2.7), _dense(4, 2, 6, 0.80, graph=2.0)]
+    predicted = {record.MODEL_PREDICTION: {"p_start": 0.9}}
+    chain_oom = _failed(5, 1, 6, 0.85, "memory_graph", **{record.CAPTURE_MEMORY: {"free_before": 11.0}}, **predicted)
+    tree_oom = _failed(5, 2, 8, 0.83, "memory_graph", **{record.CAPTURE_MEMORY: {"free_before": 11.8}}, **predicted)
+    shape, mfs, p, note = _ask(started + [chain_oom, tree_oom])
+    assert p >= 0.98, (shape, mfs, p)
+    assert "2 of its launches failed: only P(start) >= 0.98" in note  # the trial says why
+    # One failure is the price of finding the edge: a launch at P 0.9 is still taken after it ...
+    shape, mfs, p, note = _ask(started + [chain_oom])
+    assert p < 0.98, (shape, mfs, p)
+    # ... and a failed first launch, designed before there was a model, did not find the model wrong.
+    designed = _failed(5, 2, 8, 0.83, "memory_graph", **{record.CAPTURE_MEMORY: {"free_before": 11.8}})
+    shape, mfs, p, note = _ask(started + [chain_oom, designed])
+    assert p < 0.98 and "only P(start)" not in note, (shape, mfs, p)
