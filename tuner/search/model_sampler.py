@@ -24,8 +24,8 @@ acceptance by depth gives every shallower chain's), at a safe fraction: the comm
 >= 0.9 (a shape no larger than a started one in steps, topk and draft is no first start,
 `_inside`); a failed launch has a price (`_FAILURE_PRICE`), paid with 1 - P(start), which
 doubles with each memory failure beyond one per ten launches (`_failure_price`); after two
-failed launches only a candidate at P(start) >= 0.98 is launched while there is one
-(`_TRUSTED_P`).  While
+failures of launches it proposed only a candidate at P(start) >= 0.98 is launched while there
+is one (`_TRUSTED_P`).  While
 the unreported reserve is uncertain (and the study has failed fewer than two launches), a
 reserve probe (`_reserve_probe`) raises a measured shape,
 and a climb is worth what the whole front would gain (`_climb_gain`); once it is
