@@ -103,13 +103,14 @@ class Served:
 
 def served(spec: LandscapeSpec, lands: Landscape, seed: int, tmp: Path) -> Served:
     """Serve the landscape's profile: by model path when the emulator knows the profile by
-    name, by $SGLANG_EMULATOR_LANDSCAPE_SEED for a family landscape, else from a JSON profile."""
+    name, by $SGLANG_EMULATOR_LANDSCAPE_SEED for a family landscape (not one --capture-reserve
+    changed), else from a JSON profile."""
     profile = lands.profile
     tp4 = spec.name.startswith(offline.FAMILY_TP4_PREFIX)
     # A four-GPU draw names its real model (the emulator serves the drawn profile whatever the name).
     model = tp4_setup(int(spec.name[len(offline.FAMILY_TP4_PREFIX):])).model if tp4 else MODEL_PATHS[profile.architecture]
     env = {**EMULATOR_ENV, "SGLANG_EMULATOR_SEED": str(seed)}
-    if spec.family:
+    if spec.family and offline.CAPTURE_RESERVE is None:  # with --capture-reserve the draw is not the seed's
         env[LANDSCAPE_SEED_ENV] = spec.name if tp4 else spec.name[len(offline.FAMILY_PREFIX):]
     elif not (isinstance(spec.profile, str) and PROFILES[spec.profile].model_names):
         path = tmp / "profile.json"
@@ -588,6 +589,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--workload", choices=("builtin", "landscape"), default="builtin",
                     help="what the studies measure: the demo's built-in class mix (default), or the landscape's "
                          "own workload (300-token chat prompts, 128-token answers) that the truth is computed for")
+    ap.add_argument("--capture-reserve", type=float, metavar="SHARE",
+                    help="every drawn landscape's unreported capture reserve, as a share of the card (0.12: "
+                         "beyond the family's 1-8%%; sampler_benchmark.py's option), served as a JSON profile")
     ap.add_argument("--bench-set", action="append", default=[], metavar="KEY=VALUE",
                     help="a [bench] setting over the demo's (a TOML value: concurrent_requests=96); repeatable")
     ap.add_argument("--resume", action="store_true",
@@ -610,6 +614,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             ap.error(f"--bench-set {item!r}: give KEY=VALUE with a TOML value, e.g. concurrent_requests=96")
     if args.sglang_version != "0.5.23":
         EMULATOR_ENV["SGLANG_EMULATOR_VERSION"] = args.sglang_version
+    if args.capture_reserve is not None:
+        if not 0 <= args.capture_reserve < 0.5:
+            ap.error(f"--capture-reserve {args.capture_reserve}: give a share of the card in [0, 0.5), e.g. 0.12")
+        offline.CAPTURE_RESERVE = args.capture_reserve
     args.landscapes = args.landscapes.split(",")
     args.samplers = args.samplers.split(",")
     args.budgets = sorted({int(b) for b in args.budgets.split(",")})

@@ -54,3 +54,20 @@ def test_the_demos_single_stream_prompts_are_not_the_mix(tmp_path):
     p = S.Params(speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4,
                  mem_fraction_static=0.85)
     assert truth.expect(p).single_tps != pytest.approx(lands.expect(p).single_tps, rel=0.01)
+
+
+def test_a_drawn_landscape_with_another_capture_reserve_is_served_as_that_draw(tmp_path, monkeypatch):
+    # `--capture-reserve 0.12`: the emulator must serve the overridden draw, not the seed's own
+    # (served() checks what the emulator would serve against the landscape and raises otherwise).
+    from types import SimpleNamespace
+    from sglang_emulator.profiles import LANDSCAPE_SEED_ENV, PROFILE_ENV, profile_from_dict
+
+    monkeypatch.setattr(S.offline, "CAPTURE_RESERVE", None)  # parse_args sets it; restored after the test
+    S.parse_args(["--landscapes", "family:2", "--capture-reserve", "0.12"])
+    assert S.offline.CAPTURE_RESERVE == 0.12
+    spec = S.landscape_spec("family:2")
+    srv = S.served(spec, SimpleNamespace(profile=profile_from_dict(spec.profile)), 0, tmp_path)
+    assert LANDSCAPE_SEED_ENV not in srv.env
+    assert json.loads(Path(srv.env[PROFILE_ENV]).read_text())["memory"]["capture_reserve_frac"] == 0.12
+    with pytest.raises(SystemExit):
+        S.parse_args(["--capture-reserve", "12"])  # a share, not a percentage
