@@ -227,9 +227,10 @@ class ModelSampler(optuna.samplers.BaseSampler):
         # worth it only if the expected gain says so.
         started = {c[:3] for t in trials if t.state == TrialState.COMPLETE and (c := _config(t)) is not None}
         first = ~_inside(cand, started)
-        failed, launched = _failed_launches(trials), len(M.launches(trials, None))
+        ls = M.launches(trials, None)
+        failed, launched, own_failed = _failed_launches(ls), len(ls), _failed_launches(ls, predicted=True)
         allowed, trusted_only = _launchable(pred.p_start, np.where(first, self._first_p, self._min_p),
-                                            _excluded(cand, trials), _failed_launches(trials, predicted=True))
+                                            _excluded(cand, trials), own_failed)
         if not allowed.any():
             return Decision(fallback=True, note="the model rules out every remaining configuration of the space "
                                                 "(measured, ruled out, or unlikely to start); the default sampler chose")
@@ -274,8 +275,8 @@ class ModelSampler(optuna.samplers.BaseSampler):
         params = dict(zip(_NAMES, (int(s), int(k), int(d), round(float(m), 6))))
         why = _why(model, float(gain.max()), None if probe is None else float(probe_gain[probe]))
         note = (f"model: {why} (P(start) {pred.p_start[best]:.2f}); "
-                f"fitted on {len(M.launches(trials, None))} launches, throughput fit error {model.fit_error:.1%}"
-                + (f"; {_PROBE_FAILURES} of its launches failed: only P(start) >= {_TRUSTED_P:g}" if trusted_only else ""))
+                f"fitted on {launched} launches, throughput fit error {model.fit_error:.1%}"
+                + (f"; {own_failed} of its launches failed: only P(start) >= {_TRUSTED_P:g}" if trusted_only else ""))
         return Decision(params, note=note, prediction=pred.interval(best))
 
 
@@ -382,11 +383,11 @@ def _launchable(p_start: np.ndarray, bar: np.ndarray, excluded: np.ndarray, misp
     return allowed, False
 
 
-def _failed_launches(trials: list[FrozenTrial], predicted: bool = False) -> int:
-    """Launches of the study that failed for memory (model.launches: not the duplicates or the
-    configurations history.check ruled out unlaunched); with `predicted`, only those the model
-    proposed with a P(start) (not a designed first launch, nor one an operator enqueued)."""
-    return sum(1 for x in M.launches(trials, None) if x.state not in ("ok", "other")
+def _failed_launches(launches: list[M.Launch], predicted: bool = False) -> int:
+    """Launches of the study (model.launches: not the duplicates or the configurations
+    history.check ruled out unlaunched) that failed for memory; with `predicted`, only those the
+    model proposed with a P(start) (not a designed first launch, nor one an operator enqueued)."""
+    return sum(1 for x in launches if x.state not in ("ok", "other")
                and (not predicted or (x.attrs.get(record.MODEL_PREDICTION) or {}).get("p_start") is not None))
 
 
