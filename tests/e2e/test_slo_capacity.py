@@ -4,6 +4,7 @@ same server, an SLO no load meets is 0 with its reason, and a study scores it.""
 from __future__ import annotations
 
 import asyncio
+import statistics
 
 import optuna
 import pytest
@@ -58,13 +59,15 @@ def test_slo_capacity_agrees_with_an_exhaustive_sweep_of_the_same_server_within_
     # measurements of one server differ by less than the precision on a loaded machine.
     every = _exhaustive(emu.url, SloConfig(p50_itl_ms=1e6, rounds=3))
     probe = [load_sweep.point_of(results, c, SloConfig(p50_itl_ms=1e6)) for c, results in every.items()]
+    exhaustive_itl = {int(p.load): p.itl_ms[50] for p in probe}
     # The promise: the median ITL the exhaustive curve (smoothed) reaches at about 2/3 of the cap,
     # so the edge lies inside the range, where the search has to find it.
     smooth = load_sweep._monotone([p.itl_ms[50] for p in probe], increasing=True)
     limit = (smooth[9] + smooth[10]) / 2
-    # Half the requests good: the per-request medians agree with the pooled one, so both
-    # judgements find one edge (a 95% share of ~20 requests is a coin flip per point).
-    slo = SloConfig(p50_itl_ms=round(limit, 3), attainment=0.5, rounds=3)
+    # The pooled median decides, not the share of good requests: a share of ~20 requests near
+    # the edge is a coin flip per point (CI: "48% of requests good < 50%" one load below the
+    # truth), the median of ~1,000 token gaps is not. One good request in twenty suffices.
+    slo = SloConfig(p50_itl_ms=round(limit, 3), attainment=0.05, rounds=3)
     truth = _capacity([load_sweep.point_of(results, c, slo) for c, results in every.items()], slo)
     assert 4 <= truth <= CAP - 2, [round(x, 2) for x in smooth]
 
@@ -72,7 +75,17 @@ def test_slo_capacity_agrees_with_an_exhaustive_sweep_of_the_same_server_within_
     m = measure(url=emu.url, bench=parse_config(BENCH + "concurrency = 4\nconcurrent_requests = 12\nsingle_max_passes = 2\n").bench,
                 info=client.server_info(), workload=load_workload("builtin"), client=client, slo=slo)
     curve = m.load_curve
-    assert abs(curve.slo_capacity - truth) <= max(1, slo.precision * truth), (curve.slo_capacity, truth, curve.note,
+    # The two measurements of one server run a minute apart, and on a busy machine everything can
+    # run a few percent slower in one of them; near the edge the curve rises ~4% a load, so that
+    # drift alone would move the edge by two loads.
+    # The drift is measured, not assumed: the median ratio of the search's median ITL to the
+    # exhaustive sweep's at the loads both ran; the truth is then the exhaustive sweep's edge
+    # under the limit the drift implies. A search that brackets or roots wrongly still misses it.
+    drift = statistics.median(p.itl_ms[50] / exhaustive_itl[int(p.load)] for p in curve.points if int(p.load) in exhaustive_itl)
+    assert 0.75 < drift < 1.33, drift  # beyond this the machine, not the search, is measured
+    seen = SloConfig(p50_itl_ms=slo.p50_itl_ms / drift, attainment=slo.attainment, rounds=slo.rounds)
+    truth = _capacity([load_sweep.point_of(results, c, seen) for c, results in every.items()], seen)
+    assert abs(curve.slo_capacity - truth) <= max(1, slo.precision * truth), (curve.slo_capacity, truth, drift, curve.note,
                                                                                 [p.as_record() for p in curve.points])
     assert sum(p.source == "sweep" for p in curve.points) <= 6
     assert {p.source for p in curve.points} >= {"single", "concurrent"}  # the trial's own loads are points
