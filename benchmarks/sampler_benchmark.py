@@ -666,7 +666,8 @@ def simulate(landscape_name: str, candidate_name: str, seed: int, n_trials: int 
     true_points: list[np.ndarray] = []
     counts = {"launches": 0, "duplicate": 0, "ruled_out": 0, "memory_kv": 0, "memory_graph": 0, "invalid": 0}
     at: dict[int, dict[str, float]] = {}
-    calls: list[tuple[float, bool, int]] = []  # (P(start) the model predicted, started, trial count)
+    # (P(start) the model predicted, started, trial count, memory failures the study had before it)
+    calls: list[tuple[float, bool, int, int]] = []
     probes: list[int] = []  # trial counts of the launches the model sampler chose as reserve probes
     for number in range(n_trials):
         trial = study.ask()
@@ -689,7 +690,7 @@ def simulate(landscape_name: str, candidate_name: str, seed: int, n_trials: int 
                 e = replace(e, feasible=False, failure="memory_graph")
             predicted = _predicted_p_start(study, trial.number)
             if predicted is not None:
-                calls.append((predicted, bool(e.feasible), number + 1))
+                calls.append((predicted, bool(e.feasible), number + 1, counts["memory_kv"] + counts["memory_graph"]))
             if _is_reserve_probe(study, trial.number):
                 probes.append(number + 1)
             if not e.feasible:
@@ -813,13 +814,19 @@ def _reliability_table(cells: dict[str, Any], budget: int = 20) -> list[str]:
     out.append("|" + "---|" * (len(RELIABILITY_BUCKETS) + 2))
     for c, by_land in cells.items():
         drawn = [l for l in by_land if l.startswith((FAMILY_PREFIX, FAMILY_TP4_PREFIX))]
-        groups = [("", list(by_land))]
+        every = lambda _call: True  # noqa: E731
+        groups = [("", list(by_land), every)]
         if drawn and len(drawn) < len(by_land):
             # The drawn family has an unreported capture reserve of 1-8% of the card (issue #23's
             # measurement); the fixed landscapes need ~2% at capture: one prior, two worlds.
-            groups += [(" (drawn family)", drawn), (" (fixed landscapes)", [l for l in by_land if l not in drawn])]
-        for suffix, lands in groups:
-            calls = [(p, ok, l) for l in lands for p, ok, n in by_land[l].get("p_start", []) if n <= budget]
+            groups += [(" (drawn family)", drawn, every), (" (fixed landscapes)", [l for l in by_land if l not in drawn], every)]
+        # Before and after the study's first failed launch: a failure is the strongest evidence a
+        # launch gives, and what the model makes of it shows only here (runs stored before
+        # the count was recorded have no such rows).
+        groups += [(" (no failed launch yet)", list(by_land), lambda call: len(call) > 3 and call[3] == 0),
+                   (" (after a failed launch)", list(by_land), lambda call: len(call) > 3 and call[3] > 0)]
+        for suffix, lands, keep in groups:
+            calls = [(call[0], call[1], l) for l in lands for call in by_land[l].get("p_start", []) if call[2] <= budget and keep(call)]
             if calls:
                 out.append("| " + " | ".join([c + suffix] + _reliability_cells(calls)) + " |")
     out += ["", "Each cell: mean predicted P(start) -> share that started [its 90% interval, resampling landscapes] "
