@@ -38,8 +38,8 @@ def _started(steps, topk, draft, mfs, *, tokens, startup, graph, weight, kvcache
              record.MAX_RUNNING_REQUESTS: 48, record.DECLARED_MAX_RUNNING: 48, record.ACCEPT_LENGTH: accept,
              record.REQUEST_TOKENS: 8192, record.ARCHITECTURE: arch, "concurrent_tps_by_level": {"32": concurrent},
              record.ACCEPT_HISTOGRAM: [int(1000 * (reach[k] - reach[k + 1])) for k in range(steps + 1)],
-             record.MEMORY_USAGE: {"weight": weight, "kvcache": kvcache, "token_capacity": tokens,
-                                   "startup_available": startup, "graph": {"target_verify": graph}}}
+             record.MEMORY_USAGE: {"weight": weight, "kvcache": kvcache, "token_capacity": tokens, "startup_available": startup,
+                                   "graph": graph if isinstance(graph, dict) else {"target_verify": graph}}}
     return create_trial(state=TrialState.COMPLETE, values=[single, concurrent, min(48, tokens // 8192)],
                         params={"mem_fraction_static": mfs}, distributions={"mem_fraction_static": FloatDistribution(0.8, high)},
                         user_attrs=attrs)
@@ -86,9 +86,11 @@ def test_after_a_kv_failure_at_draft_16_no_draft_from_10_at_that_fraction_or_low
 # --- graph memory of shapes larger than any launched -------------------------------------------
 
 def _dense(steps, topk, draft, mfs, graph=1.0):
+    """A dense 8B on an 80 GB card; `graph`: GiB of all graphs, or SGLang 0.5.23's {runner: GiB}."""
     pre, weights, other = 80.0, 16.0, 1.0
     rest = pre * mfs - weights
-    return _started(steps, topk, draft, mfs, tokens=int(rest * 4000), startup=pre * (1 - mfs) - other - graph, graph=graph,
+    total = sum(graph.values()) if isinstance(graph, dict) else graph
+    return _started(steps, topk, draft, mfs, tokens=int(rest * 4000), startup=pre * (1 - mfs) - other - total, graph=graph,
                     weight=weights, kvcache=rest, high=max(0.93, mfs))
 
 
@@ -122,6 +124,30 @@ def test_a_first_tree_twice_as_wide_is_not_launched_at_the_narrow_shapes_edge():
     assert _p_start(trials, 5, 4, 16, 0.87) < 0.9
     mfs, p = _propose(trials, (5, 4, 16))
     assert mfs < 0.87 and p >= 0.9, (mfs, p)
+
+
+@pytest.mark.parametrize("version", ["0.5.23", "0.5.9"])
+def test_a_chain_first_launched_after_a_tree_is_priced_by_the_trees_runners(version):
+    # tp4:51, a drawn four-GPU world: the tree (5, 4, 8) started at 0.83 and failed at 0.89; the
+    # chain (6, 1, 7), never launched, went to 0.89 at P(start) 0.91 and failed.  Fitted on the
+    # total, the chain's graphs were anywhere from 0 GiB (the fit gave the tree-only terms all of
+    # the tree's memory) to 2 GiB.  Per runner, each scales by the tokens SGLang captures for it:
+    # verify and extend by draft tokens 8 -> 7, draft decode by topk x (steps - 1) 16 -> 5:
+    # 1.08 + 0.51 + 0.51 = 2.1 GiB, or down to 1.4 GiB if the tree's figures held index buffers
+    # a chain has none of.  0.5.23 says so in memory_usage.graph; 0.5.9 reports one figure
+    # there, and each runner's "mem usage" in its capture log.
+    runners = {"target_verify": 1.23, "draft_decode": 1.62, "draft_extend": 0.58}
+    tree = _dense(5, 4, 8, 0.83, graph=runners if version == "0.5.23" else {"all": sum(runners.values())})
+    log = capture_lines(EM.SpecShape("EAGLE3", 5, 4, 8), runners, (1, 2, 4, 8, 48), 11.4, failed_runner=None,
+                        version=version, elapsed_s=3.0)
+    tree.user_attrs[record.CAPTURE_MEMORY] = capture_memory("\n".join(log))
+    trials = [tree, _failed(5, 4, 8, 0.89, "memory_graph", **{record.CAPTURE_MEMORY: {"free_before": 7.8}})]
+    model, _ = M.fit(trials, NAMES)
+    lo, hi = model.memory.graph_range([6], [1], [7], [48])
+    assert 1.3 <= lo[0] <= 1.5 and 1.9 <= hi[0] <= 2.3, (lo, hi)
+    assert _p_start(trials, 6, 1, 7, 0.89) < 0.5  # where the tree just failed
+    mfs, p = _propose(trials, (6, 1, 7))
+    assert p >= 0.9 and mfs <= 0.88, (mfs, p)
 
 
 def test_after_a_graph_oom_the_next_launch_of_that_shape_is_where_the_upper_bound_says_it_fits():

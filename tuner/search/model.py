@@ -24,8 +24,9 @@ capacity and whether the server starts, each with an uncertainty:
 - Memory, with what the launches leave unknown (issue #23; `Memory`, `HybridPool`).  KV tokens
   in SGLang's form (a hybrid's state slots and per-draft-token intermediate state per served
   slot, or a line in the fraction with a per-draft-token term); the graph memory of a shape
-  between the linear fit on the per-runner graph GiB and an upper bound scaling the most GiB per
-  graph token seen; the reserve a capture needs beyond what it reports between none and the
+  between the linear fit on the graph GiB (a first chain: the trees' scaled runner by runner)
+  and an upper bound scaling the most GiB per graph token seen; the reserve a capture needs
+  beyond what it reports between none and the
   least `startup_available` a launch started with (a prior of at most 10% of the memory, and
   beyond it as far as the failures' odds say).  P(start) is the share of those
   grids under which the launch fits; every memory failure keeps only the grid points under which
@@ -471,7 +472,7 @@ _LAUNCH_NOISE = (0.0025, 0.005, 0.01, 0.02, 0.04)
 _EDGE_ATOM = 0.1
 _RESERVE_KNOWN = 0.02  # the reserve's 10-90% range, as a share of the memory, below which it is known
 _CONTRADICTION = 1e-3  # no (graph, reserve) combination gives every failure this likelihood
-_UNSEEN_TREE = 1.5  # a first tree's graphs per graph token, up to 1.5x a chain's (FlashInfer's index buffers)
+_UNSEEN_TREE = 1.5  # a first tree's graphs per graph token, up to 1.5x a chain's (FlashInfer's index buffers); a first chain's down to 1/1.5 a tree's
 _UNSEEN_TOPK = 1.25  # another topk than any started tree's
 _KV_DECADE = 4.0  # a KV failure the line did not foresee: the reservation is 1-4x what it needed
 _FLATTEN = (0.25, 0.5, 0.75, 1.0)  # how much the reservation line may flatten beyond the started drafts
@@ -547,6 +548,8 @@ class Memory:
     # the least of _LAUNCH_NOISE under which they do not (_infer_launch_noise).
     launch_noise: float = 0.0
     margin_is_bound: bool = False  # theta_hi is the least margin a start left, and the reserve is known (_EDGE_ATOM)
+    # Graph GiB per _graph_features column for a chain while only trees started (_fit_first_chain).
+    first_chain_coef: np.ndarray | None = None
 
     @property
     def beta(self) -> float:
@@ -591,12 +594,19 @@ class Memory:
     def graph_range(self, steps, topk, draft, bs) -> tuple[np.ndarray, np.ndarray]:
         """(fit, upper bound) of the graph GiB of each shape at graph batch bs."""
         steps, topk, draft, bs = (np.atleast_1d(np.asarray(v, dtype=float)) for v in (steps, topk, draft, bs))
-        lo = np.maximum(self.graphs(steps, topk, draft, bs), 0.0)
+        fit = np.maximum(self.graphs(steps, topk, draft, bs), 0.0)
         tree = topk > 1
+        lo = fit.copy()
+        if self.first_chain_coef is not None:
+            # No chain started yet: the trees' graphs scaled to a chain runner by runner
+            # (_fit_first_chain), index buffers and all, so a chain may need as little as that
+            # / _UNSEEN_TREE (the upper bound's factor for a first tree, the other way round).
+            scaled = np.maximum(_graph_features(steps, topk, draft, bs) @ self.first_chain_coef, 0.0)
+            fit, lo = np.where(tree, fit, scaled), np.where(tree, lo, scaled / _UNSEEN_TREE)
         rho = np.where(tree, self.rho_tree if self.rho_tree > 0 else self.rho_chain * _UNSEEN_TREE,
                        self.rho_chain if self.rho_chain > 0 else self.rho_tree)
         unseen = tree & np.array([int(k) not in self.tree_topk for k in topk]) & (self.rho_tree > 0)
-        hi = np.maximum(lo, self.hi_scale * rho * np.where(unseen, _UNSEEN_TOPK, 1.0) * graph_tokens(steps, topk, draft, bs))
+        hi = np.maximum(fit, self.hi_scale * rho * np.where(unseen, _UNSEEN_TOPK, 1.0) * graph_tokens(steps, topk, draft, bs))
         for i, key in enumerate(zip(steps.astype(int).tolist(), topk.astype(int).tolist(), draft.astype(int).tolist())):
             if key in self.measured:  # a started shape: its own figure, scaled by the graph batch
                 bs_m, gib = self.measured[key]
@@ -760,6 +770,59 @@ def _fit_graphs(rows: list[tuple]) -> tuple[np.ndarray, float]:
     return coef, float(np.sqrt(np.mean(res ** 2))) if len(rows) > 1 else 0.0
 
 
+# The columns of _graph_features each runner's graphs grow with: SGLang sizes a runner's capture
+# by max_bs x its tokens per request (spec_utils.resolve_num_tokens_per_req: num_draft_tokens for
+# target_verify and draft_extend, topk per draft step for draft_decode), the target's fixed
+# buffers on target_verify, FlashInfer's tree buffers on target_verify and draft_decode.
+_RUNNER_COLUMNS = {"target_verify": (0, 1, 3), "draft_decode": (2, 4), "draft_extend": (1,)}
+# The trees cannot tell the columns every shape has from the tree-only ones and the constant:
+# the fit takes the shared ones, so a chain gets the trees' graphs scaled by its tokens.
+_TIE_WEIGHT = np.array([0.25, 1.0, 1.0, 0.5, 0.5])
+
+
+def _fit_first_chain(rows: list[tuple], runners: list[dict]) -> np.ndarray | None:
+    """While only trees started: graph GiB per _graph_features column, fitted runner by runner
+    on the tokens each captures when every launch named the same runners (`_runner_gib`), on
+    the total otherwise, in both cases the columns a chain shares before the tree-only ones.
+
+    Fitted on the total without that preference, the NNLS gives the trees' memory to either,
+    and a chain's graphs were anywhere from none to the upper bound.  tp4:51, a drawn four-GPU
+    world: from the tree (5, 4, 8) alone (1.23 + 1.62 + 0.58 GiB) the chain (6, 1, 7) was put
+    at 0-2.0 GiB, so its first launch went to the fraction where the tree had just failed, at
+    P(start) 0.91, and failed; runner by runner it needs 1.4-2.1 GiB.  Only for a first chain:
+    scaling a started chain runner by runner to a smaller one drops each runner's fixed part
+    (12%-reserve worlds, family:2: 7 of 20 studies failed a third launch, (1, 1, 2) below
+    (3, 1, 4))."""
+    if not rows or any(r[1] <= 1 for r in rows):
+        return None
+    a = np.array(rows, dtype=float)
+    X = _graph_features(a[:, 0], a[:, 1], a[:, 2], a[:, 3])
+    names = {frozenset(r) for r in runners}
+    if len(names) == 1 and (only := next(iter(names))) and only <= _RUNNER_COLUMNS.keys():
+        coef = np.zeros(X.shape[1])
+        for name in only:
+            cols = list(_RUNNER_COLUMNS[name])
+            w = _TIE_WEIGHT[cols]
+            c, _ = nnls(X[:, cols] * w, np.array([r[name] for r in runners], dtype=float))
+            coef[cols] += c * w
+        return coef
+    coef, _ = nnls(X * _TIE_WEIGHT, a[:, 4])
+    return coef * _TIE_WEIGHT
+
+
+def _runner_gib(x: Launch, usage: dict) -> dict:
+    """A started launch's graph GiB by runner of _RUNNER_COLUMNS, or {} if it does not say:
+    memory_usage.graph (0.5.23), else the capture log's per-runner "mem usage" (0.5.9 reports
+    one figure but logs the target's graphs, a speculative launch's verify, the draft's and the
+    draft extend's apart)."""
+    graph = usage.get("graph")
+    if isinstance(graph, dict) and graph and set(graph) <= _RUNNER_COLUMNS.keys():
+        return dict(graph)
+    runners = (x.attrs.get(record.CAPTURE_MEMORY) or {}).get("runners") or {}
+    out = {("target_verify" if name == "target" else name): r.get("usage") for name, r in runners.items()}
+    return out if out and set(out) <= _RUNNER_COLUMNS.keys() and None not in out.values() else {}
+
+
 def _graph_gib(usage: dict) -> float:
     """GiB of all CUDA graphs: 0.5.23 reports {runner: GiB}, 0.5.9 one figure."""
     graph = usage.get("graph") or {}
@@ -830,6 +893,7 @@ def _fit_memory(ls: list[Launch]) -> Memory | None:
     mem = Memory(pre, fixed, 0.0, 0.0, 0.0, cap, slots, coef, other, theta_hi, min(_THETA_MIN * pre, 0.5 * theta_hi),
                  spread + 0.05, {x.shape.topk for x in ok}, {})
     mem.theta_data = max(min(left), theta_hi)
+    mem.first_chain_coef = _fit_first_chain(rows, [_runner_gib(x, m) for x, m in zip(ok, mu)])
     # The least margin bounds the reserve (not the prior's 10%), and the reserve is known (_EDGE_ATOM):
     # uniform up to theta_hi its 10-90% range is 0.8 theta_hi (the prior's range; the sampler reads the posterior's).
     mem.margin_is_bound = min(left) <= _THETA_MAX * pre + comm and 0.8 * theta_hi <= _RESERVE_KNOWN * pre
