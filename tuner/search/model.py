@@ -594,9 +594,8 @@ class Memory:
     def graph_range(self, steps, topk, draft, bs) -> tuple[np.ndarray, np.ndarray]:
         """(fit, upper bound) of the graph GiB of each shape at graph batch bs."""
         steps, topk, draft, bs = (np.atleast_1d(np.asarray(v, dtype=float)) for v in (steps, topk, draft, bs))
-        fit = np.maximum(self.graphs(steps, topk, draft, bs), 0.0)
+        lo = fit = np.maximum(self.graphs(steps, topk, draft, bs), 0.0)
         tree = topk > 1
-        lo = fit.copy()
         if self.first_chain_coef is not None:
             # No chain started yet: the trees' graphs scaled to a chain runner by runner
             # (_fit_first_chain), index buffers and all, so a chain may need as little as that
@@ -797,17 +796,16 @@ def _fit_first_chain(rows: list[tuple], runners: list[dict]) -> np.ndarray | Non
         return None
     a = np.array(rows, dtype=float)
     X = _graph_features(a[:, 0], a[:, 1], a[:, 2], a[:, 3])
-    names = {frozenset(r) for r in runners}
-    if len(names) == 1 and (only := next(iter(names))) and only <= _RUNNER_COLUMNS.keys():
-        coef = np.zeros(X.shape[1])
-        for name in only:
-            cols = list(_RUNNER_COLUMNS[name])
-            w = _TIE_WEIGHT[cols]
-            c, _ = nnls(X[:, cols] * w, np.array([r[name] for r in runners], dtype=float))
-            coef[cols] += c * w
-        return coef
-    coef, _ = nnls(X * _TIE_WEIGHT, a[:, 4])
-    return coef * _TIE_WEIGHT
+    columns, figures = _RUNNER_COLUMNS, runners
+    if len({frozenset(r) for r in runners}) != 1 or not runners[0]:  # the total on every column
+        columns, figures = {"all": tuple(range(X.shape[1]))}, [{"all": r[4]} for r in rows]
+    coef = np.zeros(X.shape[1])
+    for name in figures[0]:
+        cols = list(columns[name])
+        w = _TIE_WEIGHT[cols]
+        c, _ = nnls(X[:, cols] * w, np.array([f[name] for f in figures], dtype=float))
+        coef[cols] += c * w
+    return coef
 
 
 def _runner_gib(x: Launch, usage: dict) -> dict:
