@@ -4,6 +4,7 @@ same server, an SLO no load meets is 0 with its reason, and a study scores it.""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import statistics
 
 import optuna
@@ -51,6 +52,12 @@ def _capacity(points, slo) -> int:
     return lo
 
 
+def _scaled(point: load_sweep.LoadPoint, drift: float) -> load_sweep.LoadPoint:
+    """An exhaustive sweep's point as the search's moment would have measured it (its attainment
+    was judged under the drift-corrected limit already)."""
+    return dataclasses.replace(point, itl_ms={q: v * drift for q, v in point.itl_ms.items()})
+
+
 def test_slo_capacity_agrees_with_an_exhaustive_sweep_of_the_same_server_within_the_precision(start_emulator):
     emu = start_emulator("--speculative-algorithm", "NEXTN", "--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
                          "--speculative-num-draft-tokens", "3", "--max-running-requests", str(CAP), env={"SGLANG_EMULATOR_SEED": "3"})
@@ -77,14 +84,20 @@ def test_slo_capacity_agrees_with_an_exhaustive_sweep_of_the_same_server_within_
     curve = m.load_curve
     # The two measurements of one server run a minute apart, and on a busy machine everything can
     # run a few percent slower in one of them; near the edge the curve rises ~4% a load, so that
-    # drift alone would move the edge by two loads.
-    # The drift is measured, not assumed: the median ratio of the search's median ITL to the
-    # exhaustive sweep's at the loads both ran; the truth is then the exhaustive sweep's edge
-    # under the limit the drift implies. A search that brackets or roots wrongly still misses it.
+    # drift alone would move the edge by two loads, and a single load measured twice can differ
+    # by more than the rise from one load to the next (CI, a fresh clone beside `make demo`: the
+    # search's load 9 at 9.8 ms over a 9.658 ms limit the drift-corrected sweep met at 9 and 10).
+    # So each load is judged once: by the search's own point where it measured one (what it
+    # decided on), and elsewhere by the exhaustive sweep scaled by the drift, which is measured,
+    # not assumed (the median ratio of the two at the loads both ran). What is left to test is the
+    # search itself: a search that brackets or roots wrongly, stops early or skips the edge still
+    # misses the truth, because the loads it did not measure are the exhaustive sweep's.
     drift = statistics.median(p.itl_ms[50] / exhaustive_itl[int(p.load)] for p in curve.points if int(p.load) in exhaustive_itl)
     assert 0.75 < drift < 1.33, drift  # beyond this the machine, not the search, is measured
     seen = SloConfig(p50_itl_ms=slo.p50_itl_ms / drift, attainment=slo.attainment, rounds=slo.rounds)
-    truth = _capacity([load_sweep.point_of(results, c, seen) for c, results in every.items()], seen)
+    searched = {int(p.load): p for p in curve.points}
+    merged = [searched.get(c) or _scaled(load_sweep.point_of(results, c, seen), drift) for c, results in every.items()]
+    truth = _capacity(merged, slo)
     assert abs(curve.slo_capacity - truth) <= max(1, slo.precision * truth), (curve.slo_capacity, truth, drift, curve.note,
                                                                                 [p.as_record() for p in curve.points])
     assert sum(p.source == "sweep" for p in curve.points) <= 6
