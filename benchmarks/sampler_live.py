@@ -382,6 +382,40 @@ def score_sent_prompts(run: dict[str, Any]) -> None:
         a["hv_prompts"] = at_budget(rescored[:b], truth)["hv"]
 
 
+def _scatter(runs: list[dict[str, Any]]) -> list[str]:
+    """The report's measurement-scatter table: per landscape, the relative sd of each launch's
+    measured throughputs over the truth of the prompts its study sent, within each study (a
+    study's mean ratio, the scale its workload and the emulator's batching put on every shape,
+    divided out). What the replay's --noise stands for (benchmarks/sampler_benchmark.py)."""
+    truths: dict[tuple[str, str], Landscape] = {}
+    by_landscape: dict[str, list[list[float]]] = {}
+    for run in runs:
+        name = ALIASES.get(run["landscape"], run["landscape"])
+        key = (name, run["config"])
+        if key not in truths:
+            truths[key] = landscape(name, prompts=sent_prompts(landscape(name), run["config"]))
+        ratios = []
+        for t in run["trials"]:
+            if t["state"] == "COMPLETE" and t["kind"] == "launch" and t.get("measured"):
+                e = truths[key].expect(Params(**t["flags"]))
+                if e.feasible and all(e.values()[:2]):
+                    ratios.append([m / v for m, v in zip(t["measured"][:2], e.values()[:2])])
+        if len(ratios) >= 3:
+            ratios = np.asarray(ratios)
+            by_landscape.setdefault(run["landscape"], []).extend((ratios / ratios.mean(axis=0) - 1).tolist())
+    if not by_landscape:
+        return []
+    out = ["## Measurement scatter", "",
+           "Per landscape, over the studies' launches: the relative sd of measured / true throughput (the truth of the "
+           "prompts each study sent), each study's mean ratio divided out; the replay's default is 1.5% for both "
+           "(`sampler_benchmark.py --noise` replays at others).", "",
+           "| landscape | launches | single-stream | concurrent |", "|---|---|---|---|"]
+    for name, rows in sorted(by_landscape.items()):
+        sd = np.std(np.asarray(rows), axis=0)
+        out.append(f"| {name} | {len(rows)} | {sd[0]:.1%} | {sd[1]:.1%} |")
+    return out + [""]
+
+
 def params_of(t: optuna.trial.FrozenTrial) -> Params:
     """The flags the trial launched with (its `flags` attr), else its sampled params."""
     p = record.params_of(t)
@@ -534,6 +568,7 @@ def render(cells: dict[str, Any], meta: dict[str, Any], lands_info: dict[str, An
                "exceed 100%).")
     out.append("")
     out += _reliability(runs or [], budgets)
+    out += _scatter(runs or [])
     out.append("## Landscapes")
     out.append("")
     out += ["| landscape | served as | front points | grid | what |", "|---|---|---|---|---|"]

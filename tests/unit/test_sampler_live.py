@@ -71,3 +71,18 @@ def test_a_drawn_landscape_with_another_capture_reserve_is_served_as_that_draw(t
     assert json.loads(Path(srv.env[PROFILE_ENV]).read_text())["memory"]["capture_reserve_frac"] == 0.12
     with pytest.raises(SystemExit):
         S.parse_args(["--capture-reserve", "12"])  # a share, not a percentage
+
+
+def test_the_report_shows_how_far_measurements_scatter_around_the_truth_of_the_sent_prompts(tmp_path):
+    # What the replay's --noise stands for: a study measuring every shape at one scale of its
+    # truth scatters 0%; one whose concurrent rate is 5% off either way, alternately, 5%.
+    lands = S.landscape("qwen-demo")
+    flags = [dict(zip(("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
+                       "mem_fraction_static"), k)) for k in list(lands.front)[:4]]
+    study = _study(tmp_path, flags)
+    truth = S.landscape("qwen-demo", prompts=S.sent_prompts(lands, study["config"]))
+    for i, t in enumerate(study["trials"]):
+        single, concurrent, capacity = truth.expect(S.Params(**t["flags"])).values()
+        t["measured"] = [1.2 * single, 0.8 * concurrent * (1.05 if i % 2 else 0.95), capacity]
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[1:] for line in S._scatter([study]) if line.startswith("| qwen")}
+    assert rows["qwen-demo"] == ["4", "0.0%", "5.0% |"]
