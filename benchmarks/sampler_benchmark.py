@@ -87,7 +87,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 BUDGETS = (10, 20, 40)  # --budgets replaces it (20 is always kept: the bar is checked there)
 # Relative std of a throughput measurement, (single-stream, concurrent); --noise replaces it. The
 # live studies measure more scatter than this against the truth of the prompts they sent:
-# single 2.5-3.6%, concurrent 5.5-6.3% (docs/search-figures.md, "The live gap is noise").
+# single 2.5-3.6%, concurrent 5.5-6.3% (docs/search-figures.md, "How much of the live gap is measurement noise").
 NOISE = (0.015, 0.015)
 # What the replayed server reports of its memory (--sglang-version): 0.5.23's memory_usage has
 # startup_available; 0.5.9's has neither it nor graphs by runner, and the model reads what was

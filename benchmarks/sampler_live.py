@@ -374,12 +374,17 @@ def score_sent_prompts(run: dict[str, Any]) -> None:
     `summarise` any study read from a run written before this score existed."""
     if all("hv_prompts" in a for a in run["at"].values()):
         return
-    name = ALIASES.get(run["landscape"], run["landscape"])
-    truth = landscape(name, prompts=sent_prompts(landscape(name), run["config"]))
+    truth = sent_truth(run)
     rescored = [{**t, "true": list(e.values()) if (e := truth.expect(Params(**t["flags"]))).feasible else None}
                 for t in run["trials"]]
     for b, a in run["at"].items():
         a["hv_prompts"] = at_budget(rescored[:b], truth)["hv"]
+
+
+def sent_truth(run: dict[str, Any]) -> Landscape:
+    """A study's landscape under the truth of the prompts it sent (`sent_prompts`; cached by `landscape`)."""
+    name = ALIASES.get(run["landscape"], run["landscape"])
+    return landscape(name, prompts=sent_prompts(landscape(name), run["config"]))
 
 
 def _scatter(runs: list[dict[str, Any]]) -> list[str]:
@@ -387,17 +392,12 @@ def _scatter(runs: list[dict[str, Any]]) -> list[str]:
     measured throughputs over the truth of the prompts its study sent, within each study (a
     study's mean ratio, the scale its workload and the emulator's batching put on every shape,
     divided out). What the replay's --noise stands for (benchmarks/sampler_benchmark.py)."""
-    truths: dict[tuple[str, str], Landscape] = {}
     by_landscape: dict[str, list[list[float]]] = {}
     for run in runs:
-        name = ALIASES.get(run["landscape"], run["landscape"])
-        key = (name, run["config"])
-        if key not in truths:
-            truths[key] = landscape(name, prompts=sent_prompts(landscape(name), run["config"]))
-        ratios = []
+        truth, ratios = sent_truth(run), []
         for t in run["trials"]:
             if t["state"] == "COMPLETE" and t["kind"] == "launch" and t.get("measured"):
-                e = truths[key].expect(Params(**t["flags"]))
+                e = truth.expect(Params(**t["flags"]))
                 if e.feasible and all(e.values()[:2]):
                     ratios.append([m / v for m, v in zip(t["measured"][:2], e.values()[:2])])
         if len(ratios) >= 3:

@@ -73,10 +73,13 @@ def _unraisable(unraisable: Any) -> None:
     as "Exception ignored in: <async_generator object PoolByteStream.__aiter__ ...>" and a
     traceback on a clean Ctrl-C (a fresh-clone suite beside a benchmark, `test_signals[warm-up]`).
     It is not lost: `checkpoint` raises it again at the run's next step.  Anything else goes to
-    the default hook."""
+    the hook that was there before (`install`)."""
     if _state["stopping"] and issubclass(unraisable.exc_type, KeyboardInterrupt):
         return
-    sys.__unraisablehook__(unraisable)
+    _before["unraisablehook"](unraisable)
+
+
+_before: dict[str, Callable[[Any], None]] = {"unraisablehook": sys.__unraisablehook__}
 
 
 def install() -> None:
@@ -86,7 +89,9 @@ def install() -> None:
     if threading.current_thread() is threading.main_thread():
         for sig in _SIGNALS:
             signal.signal(sig, _handle)
-        sys.unraisablehook = _unraisable
+        if sys.unraisablehook is not _unraisable:  # installed again: keep the first one's predecessor
+            _before["unraisablehook"] = sys.unraisablehook
+            sys.unraisablehook = _unraisable
 
 
 def through_tell(objective: Callable[[Any], Any]) -> Callable[[Any], Any]:

@@ -12,13 +12,14 @@ from optuna.trial import TrialState
 from tuner import interrupts
 
 
-def test_a_signal_whose_interrupt_was_lost_still_stops_the_next_step_of_a_trial_and_prints_no_traceback(capsys):
+def test_a_signal_whose_interrupt_was_lost_still_stops_the_next_step_of_a_trial_and_prints_no_traceback():
     # Python goes on when the handler's KeyboardInterrupt is raised inside a finaliser; the
     # trial then measured on for 60 s after a SIGINT at warm-up. And its default hook printed
     # "Exception ignored in: <async_generator ...>" with a traceback on a clean Ctrl-C.
     from tuner.sequence import checked
 
-    before = sys.unraisablehook
+    before, reported = sys.unraisablehook, []
+    sys.unraisablehook = lambda unraisable: reported.append(unraisable.exc_type)  # what Python would print
     interrupts.install()
     try:
         said = []
@@ -35,14 +36,14 @@ def test_a_signal_whose_interrupt_was_lost_still_stops_the_next_step_of_a_trial_
         with pytest.raises(KeyboardInterrupt):
             phase("warm-up 2/2")
         assert said == ["warm-up 1/2"]
-        assert "Exception ignored" not in capsys.readouterr().err
+        assert reported == []  # not "Exception ignored" with a traceback
 
         class Broken:
             def __del__(self):
                 raise ValueError("a finaliser's own error")
 
         Broken()
-        assert "a finaliser's own error" in capsys.readouterr().err  # anything else is still said
+        assert reported == [ValueError]  # anything else still reaches the hook that was there
     finally:
         sys.unraisablehook = before
         signal.signal(signal.SIGINT, signal.default_int_handler)
