@@ -15,21 +15,24 @@ into one line instead of a 40-line traceback through pydantic or openai.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
-__all__ = ["install", "stopping", "checkpoint", "deferred", "through_tell", "after_tell", "end_hold", "quiet_start", "Interrupted", "STARTING_LINE", "AGAIN_LINE", "NOTHING_RAN_LINE"]
+T = TypeVar("T")
+
+__all__ = ["install", "stopping", "checkpoint", "deferred", "run_async", "through_tell", "after_tell", "end_hold", "quiet_start", "Interrupted", "STARTING_LINE", "AGAIN_LINE", "NOTHING_RAN_LINE"]
 
 STARTING_LINE = "interrupted while starting: nothing was run"
 AGAIN_LINE = "interrupted again: finishing the record of what was running first (the server is being stopped), then exiting"
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
-_state = {"stopping": False, "deferring": 0, "pending": False, "held": False}
+_state: dict[str, Any] = {"stopping": False, "deferring": 0, "pending": False, "held": False, "cancel": None}
 
 
 def _handle(signum: int, frame: FrameType | None) -> None:
@@ -39,6 +42,9 @@ def _handle(signum: int, frame: FrameType | None) -> None:
     _state["stopping"] = True
     if _state["deferring"]:
         _state["pending"] = True  # raised when the deferred block ends
+        return
+    if _state["cancel"] is not None:
+        _state["cancel"]()  # inside run_async: its task is cancelled, it raises when its loop has wound down
         return
     raise KeyboardInterrupt
 
@@ -67,6 +73,39 @@ def deferred() -> Iterator[None]:
             raise KeyboardInterrupt
 
 
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run(coro)` for a step of the run (a benchmark): a first signal cancels the
+    coroutine's task instead of raising KeyboardInterrupt inside whatever task the loop was
+    running, and KeyboardInterrupt is raised once the loop has wound down.  A KeyboardInterrupt
+    raised inside a task is stored as its exception and raised again out of the loop by every
+    task that awaits it, so asyncio.run's own clean-up (cancel the tasks, close the async
+    generators) was cut short: a Ctrl-C in the concurrent phase left the open streams' generators
+    unclosed and printed "ERROR asyncio: Task was destroyed but it is pending! task: <Task
+    pending ... async_generator_athrow>" (1 in 8 beside two CPU hogs).  A cancellation goes
+    through every await instead, closing each stream.  asyncio.Runner does the same for Ctrl-C
+    when Python's default handler is set (runners.py · Runner._on_sigint); ours replaces it, and
+    SIGTERM stops a run too."""
+    with asyncio.Runner() as runner:
+        loop = runner.get_loop()
+        task = loop.create_task(coro)
+        main = threading.current_thread() is threading.main_thread()
+        if main:
+            # From the signal handler, between any two bytecodes: only call_soon_threadsafe is
+            # safe there, and it wakes a loop waiting in select().
+            _state["cancel"] = lambda: loop.call_soon_threadsafe(task.cancel)
+        try:
+            result = loop.run_until_complete(task)
+        except (asyncio.CancelledError, Exception):
+            if main and _state["stopping"]:  # what the cancellation ended in (a request cut off) is not news
+                raise KeyboardInterrupt from None
+            raise
+        finally:
+            if main:
+                _state["cancel"] = None
+    checkpoint()  # a signal after the task's last await: the run stops here, not at its next step
+    return result
+
+
 def _unraisable(unraisable: Any) -> None:
     """sys.unraisablehook: the handler's KeyboardInterrupt raised inside a finaliser (an async
     generator's, a socket's `__del__`) cannot propagate, and Python's default hook printed it
@@ -85,7 +124,7 @@ _before: dict[str, Callable[[Any], None]] = {"unraisablehook": sys.__unraisableh
 def install() -> None:
     """From now on a first SIGINT or SIGTERM raises KeyboardInterrupt and later ones are held
     (a command's `main` calls this first).  Only the main thread may set signal handlers."""
-    _state.update(stopping=False, deferring=0, pending=False, held=False)
+    _state.update(stopping=False, deferring=0, pending=False, held=False, cancel=None)
     if threading.current_thread() is threading.main_thread():
         for sig in _SIGNALS:
             signal.signal(sig, _handle)

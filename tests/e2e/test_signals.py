@@ -77,6 +77,7 @@ def _ends_cleanly(proc: subprocess.Popen, tmp_path: Path, port: int, sent_at: fl
     assert proc.returncode == 130, err[-3000:]
     assert took < EXIT_WITHIN_S, f"exit took {took:.1f} s"
     assert "Traceback" not in err, err[-3000:]
+    assert "Task was destroyed" not in err, err[-3000:]  # every open stream was closed
     assert_no_server(port)
     trials = _all_trials(tmp_path)
     assert not [t.number for t in trials if t.state == TrialState.RUNNING]

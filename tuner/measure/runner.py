@@ -41,6 +41,7 @@ import asyncio
 import statistics
 import time
 
+from tuner.interrupts import run_async
 from tuner.config import BenchConfig, SloConfig
 from tuner.measure import load_sweep, phases
 from tuner.measure.by_class import auto_request_tokens, class_figures
@@ -67,7 +68,7 @@ def measure(
 ) -> Measurement:
     """Run the benchmark against a ready server; raise MeasureError if it fails or dies.
     With `slo`, also the search over load behind slo_capacity (6. below)."""
-    return asyncio.run(
+    return run_async(
         _measure(url=url, api_key=api_key, bench=bench, info=info, workload=workload, client=client, progress=progress, slo=slo)
     )
 
