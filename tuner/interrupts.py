@@ -85,6 +85,11 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
     through every await instead, closing each stream.  asyncio.Runner does the same for Ctrl-C
     when Python's default handler is set (runners.py · Runner._on_sigint); ours replaces it, and
     SIGTERM stops a run too."""
+    try:
+        checkpoint()  # a signal whose KeyboardInterrupt was lost before: nothing starts
+    except KeyboardInterrupt:
+        coro.close()  # not "coroutine was never awaited"
+        raise
     with asyncio.Runner() as runner:
         loop = runner.get_loop()
         task = loop.create_task(coro)
@@ -179,8 +184,11 @@ def checkpoint() -> None:
     KeyboardInterrupt can be lost: raised while Python runs a finaliser or a callback (a socket's
     or a client's `__del__`), it is printed as "Exception ignored" and the code goes on (a fresh-
     clone suite on a loaded machine: a SIGINT at the warm-up printed the handler's traceback and
-    the trial measured on for 60 s; `test_signals[warm-up]`)."""
-    if _state["stopping"] and not _state["deferring"] and threading.current_thread() is threading.main_thread():
+    the trial measured on for 60 s; `test_signals[warm-up]`).  Inside `run_async` it does
+    nothing: a signal cancels the task there, and a KeyboardInterrupt raised inside one of its
+    tasks (a progress line's checkpoint) would cut the loop's clean-up short."""
+    if (_state["stopping"] and not _state["deferring"] and _state["cancel"] is None
+            and threading.current_thread() is threading.main_thread()):
         raise KeyboardInterrupt
 
 

@@ -119,6 +119,7 @@ def test_a_signal_amid_open_streams_closes_every_stream_before_the_run_stops(cap
 
         async def request(i: int) -> None:
             async for _ in stream(i):
+                interrupts.checkpoint()  # as each progress line does (sequence.checked)
                 reading.add(i)
                 if len(reading) == 8:
                     started.set()
