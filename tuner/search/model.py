@@ -579,6 +579,11 @@ class Memory:
         running = np.minimum(self.running_cap, np.floor(running * np.exp(np.interp(d, drafts, r_running)) + 1e-6))
         return tokens, running
 
+    def start_probability(self, steps, topk, draft, mfs) -> np.ndarray:
+        """P(start) of each candidate: its graphs fit what the fraction leaves, and its KV pool is not empty."""
+        _, running = self.pool(mfs, draft)
+        return self.p_graph(steps, topk, draft, mfs, self.graph_batch(running)) * self.p_kv(mfs, draft)
+
     def graph_batch(self, running) -> np.ndarray:
         """The largest batch a launch with `running` request slots captures graphs for."""
         running = np.maximum(np.asarray(running, dtype=float), 1.0)
@@ -1137,7 +1142,7 @@ class Model:
         sd = np.stack([sd_single, sd_concurrent, 0.01 + 0.02 * novelty + self._kv_novelty(draft, mfs)], axis=1)
         # A shape unlike any launched may need graph memory no launch has shown: between the
         # fit and the upper bound that scales the most memory per graph token seen (Memory).
-        p_start = m.p_graph(steps, topk, draft, mfs, m.graph_batch(running)) * m.p_kv(mfs, draft)
+        p_start = m.start_probability(steps, topk, draft, mfs)
         return Prediction(single, concurrent, capacity, accept, sd, p_start)
 
     def _kv_novelty(self, draft, mfs) -> np.ndarray:
@@ -1227,6 +1232,13 @@ def fit(trials: list[FrozenTrial], metric_names: list[str] | None) -> tuple[Mode
     model.fit_error = _fit_error(model, ok)
     model.anchors = _anchors(model, ok)
     return model, "fitted on %d launches" % len(ls)
+
+
+def fit_memory(trials: list[FrozenTrial]) -> Memory | None:
+    """The memory model alone, which needs no throughput: for a study whose objectives the
+    model does not predict (slo_capacity, accept_length) or that sets SLO constraints.  None
+    before a launch started or when the server reports no memory_usage."""
+    return _fit_memory([x for x in launches(trials, None) if not x.running])
 
 
 def _anchors(model: Model, ok: list[Launch]) -> dict:

@@ -59,6 +59,7 @@ class Decision:
     fallback: bool = False
     note: str = ""
     prediction: dict | None = None
+    relative: dict = field(default_factory=dict)  # what the fallback sampled for the shape (a fallback decision)
 
 
 def _box_volumes(front: np.ndarray, cells: int) -> np.ndarray:
@@ -116,12 +117,18 @@ class ModelSampler(optuna.samplers.BaseSampler):
         return {}
 
     def sample_relative(self, study, trial, search_space):
-        if self._decide(study, trial).fallback:
-            return self._fallback.sample_relative(study, trial, search_space)
+        d = self._decide(study, trial)
+        if d.fallback:
+            d.relative = self._fallback.sample_relative(study, trial, search_space)
+            return d.relative
         return {}
 
     def sample_independent(self, study, trial, param_name, param_distribution):
         d = self._decide(study, trial)
+        if d.fallback and param_name == "mem_fraction_static":
+            value = self._safe_fraction(study, trial, param_distribution, d)
+            if value is not None:
+                return value
         if d.fallback or param_name not in d.params:
             return self._fallback.sample_independent(study, trial, param_name, param_distribution)
         if any(trial.params.get(k, v) != v for k, v in d.params.items()):
@@ -189,6 +196,54 @@ class ModelSampler(optuna.samplers.BaseSampler):
             mfs = [m for m in mfs if abs(m - fixed["mem_fraction_static"]) < 1e-6] or [float(fixed["mem_fraction_static"])]
         return keep, mfs
 
+    def _safe_fraction(self, study, trial, dist, d: Decision) -> float | None:
+        """mem_fraction_static for the shape the fallback sampler chose, where the model cannot
+        rank shapes (SLO constraints, an objective it does not predict) but its memory model
+        still knows where they start: the highest fraction not yet launched with that shape whose
+        P(start) is at least a first start's bar, else the likeliest.  So a shape's first launch
+        starts and a later proposal of it climbs from below.  Before any launch, the designed
+        first launch's safe fraction.  None (the fallback's walk down from the top) when the
+        server reports no memory_usage.  Why: with slo_capacity the fallback's walk from the top
+        of the range failed the demo's first launch (a graph OOM at 0.95) where the designed
+        one starts; the edge sampler spends up to 2.9 failed launches a study."""
+        values = [m for m in self._candidates({})[1] if _contains(dist, m)]
+        if not values:
+            return None
+        trials = study.get_trials(deepcopy=False)
+        steps, topk, draft = self._shape_of({**d.relative, **trial.params})
+        memory = M.fit_memory(trials)
+        if memory is None:
+            if any(t.state == TrialState.COMPLETE for t in trials):
+                return None
+            mfs = _design_fraction(trials, values, self._base)
+            d.note += f"; mem_fraction_static {mfs:g}: the designed first launch's safe fraction"
+            return mfs
+        cand = np.array(values, dtype=float)
+        n = len(cand)
+        p = memory.start_probability(np.full(n, steps), np.full(n, topk), np.full(n, draft), cand)
+        tried = {round(x.mfs, 6) for x in M.launches(trials, None) if (x.shape.steps, x.shape.topk, x.shape.draft) == (steps, topk, draft)}
+        fresh = np.array([round(v, 6) not in tried for v in values]) | (len(tried) >= n)
+        sure = fresh & (p >= self._first_p)
+        # Highest fraction first: the sure one with the largest pool, else the likeliest.
+        i = int(np.flatnonzero(sure)[-1]) if sure.any() else int(np.flatnonzero(p >= p[fresh].max() - 1e-9)[-1])
+        d.note += f"; mem_fraction_static {values[i]:g} from the memory model (P(start) {p[i]:.2f})"
+        d.prediction = {"p_start": round(float(p[i]), 3)}
+        return values[i]
+
+    def _shape_of(self, params: dict) -> tuple[int, int, int]:
+        """(steps, topk, draft) of a proposal whose fraction is sampled before its draft tokens:
+        a tree's widest draft count the space allows, where the proposal has none yet (graphs
+        grow with it: the fraction is then safe for any)."""
+        base = self._base
+        steps = int(params.get("speculative_num_steps") or (base and base.speculative_num_steps) or DEFAULT_STEPS)
+        topk = int(params.get("speculative_eagle_topk") or (base and base.speculative_eagle_topk) or 1)
+        if topk == 1:
+            return steps, 1, steps + 1
+        draft = params.get("speculative_num_draft_tokens")
+        if draft is None:
+            draft = max((s[2] for s in self._candidates({})[0] if s[:2] == (steps, topk)), default=steps * topk + 1)
+        return steps, topk, int(draft)
+
     def _design(self, trials: list[FrozenTrial], shapes, mfs_values) -> Decision:
         """The first launch: the warm start's shape (fixed) or the deepest chain, at a safe
         fraction, lowered (raised) by 3, 6, 12 points after graph (KV) failures."""
@@ -203,16 +258,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
         order = [s for s in sorted(chains or shapes, key=lambda s: (-s[0], s[2])) if s not in rejected] or \
             [s for s in sorted(shapes, key=lambda s: (-s[0], s[2])) if s not in rejected] or sorted(shapes)
         shape = next((s for s in order if s not in running), order[0])
-        lo, hi = mfs_values[0], mfs_values[-1]
-        start = self._base.mem_fraction_static if self._base and self._base.mem_fraction_static else lo + 0.55 * (hi - lo)
-        ls = M.launches(trials, None)
-        graph = [x.mfs for x in ls if x.state in ("memory_graph", "memory_runtime")]
-        kv = [x.mfs for x in ls if x.state == "memory_kv"]
-        cap = min(graph) - 0.03 * 2 ** (len(graph) - 1) if graph else hi
-        floor = max(kv) + 0.03 * 2 ** (len(kv) - 1) if kv else lo
-        target = min(max(start, floor), cap)
-        below = [m for m in mfs_values if m <= target + 1e-9]
-        mfs = below[-1] if below else mfs_values[0]
+        mfs = _design_fraction(trials, mfs_values, self._base)
         params = dict(zip(_NAMES, (*shape, mfs)))
         return Decision(params, note=f"model: no launch completed yet; a designed first launch "
                                      f"({'deepest chain' if shape[1] == 1 else 'a shape'} for acceptance by depth, "
@@ -278,6 +324,21 @@ class ModelSampler(optuna.samplers.BaseSampler):
                 f"fitted on {launched} launches, throughput fit error {model.fit_error:.1%}"
                 + (f"; {own_failed} of its launches failed: only P(start) >= {_TRUSTED_P:g}" if trusted_only else ""))
         return Decision(params, note=note, prediction=pred.interval(best))
+
+
+def _design_fraction(trials: list[FrozenTrial], mfs_values: list[float], base) -> float:
+    """A first launch's fraction: the command's, else 55% up the searched range; lowered (raised)
+    by 3, 6, 12 points below (above) the study's graph (KV) failures."""
+    lo, hi = mfs_values[0], mfs_values[-1]
+    start = base.mem_fraction_static if base and base.mem_fraction_static else lo + 0.55 * (hi - lo)
+    ls = M.launches(trials, None)
+    graph = [x.mfs for x in ls if x.state in ("memory_graph", "memory_runtime")]
+    kv = [x.mfs for x in ls if x.state == "memory_kv"]
+    cap = min(graph) - 0.03 * 2 ** (len(graph) - 1) if graph else hi
+    floor = max(kv) + 0.03 * 2 ** (len(kv) - 1) if kv else lo
+    target = min(max(start, floor), cap)
+    below = [m for m in mfs_values if m <= target + 1e-9]
+    return below[-1] if below else mfs_values[0]
 
 
 def _why(model: M.Model, best_gain: float, probe_gain: float | None) -> str:

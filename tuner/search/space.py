@@ -54,7 +54,7 @@ def suggest(trial: optuna.Trial, space: SpaceConfig, base: Params) -> Params:
         from tuner.results import record
 
         trial.set_user_attr(record.MODEL_NOTE, decision.note)
-        if decision.prediction and not decision.fallback:
+        if decision.prediction:  # a fallback's fraction may be the memory model's (P(start) only)
             trial.set_user_attr(record.MODEL_PREDICTION, decision.prediction)
     return params
 
