@@ -159,13 +159,18 @@ class ModelSampler(optuna.samplers.BaseSampler):
 
     def _make_decision(self, study, fixed: dict) -> Decision:
         if self._usable:
+            if self._space is not None and self._space.mem_fraction_static is not None:
+                probe = self._fallback_probe(study, fixed)
+                if probe is not None:
+                    return probe
             return Decision(fallback=True, note=f"model sampler off: {self._usable}; the default sampler chose")
         if self._space is None or self._space.mem_fraction_static is None:
             return Decision(fallback=True, note="model sampler off: mem_fraction_static is not searched; the default sampler chose")
         names = list(study.metric_names or PREDICTED[: len(study.directions)])
         if not set(names) <= set(PREDICTED):
             other = ", ".join(sorted(set(names) - set(PREDICTED)))
-            return Decision(fallback=True, note=f"model sampler off: it does not predict {other}; the default sampler chose")
+            return self._fallback_probe(study, fixed) or \
+                Decision(fallback=True, note=f"model sampler off: it does not predict {other}; the default sampler chose")
         shapes, mfs_values = self._candidates(fixed)
         if not shapes or not mfs_values:
             return Decision(fallback=True, note="no configuration of the space matches the fixed parameters; the default sampler chose")
@@ -221,14 +226,63 @@ class ModelSampler(optuna.samplers.BaseSampler):
         cand = np.array(values, dtype=float)
         n = len(cand)
         p = memory.start_probability(np.full(n, steps), np.full(n, topk), np.full(n, draft), cand)
-        tried = {round(x.mfs, 6) for x in M.launches(trials, None) if (x.shape.steps, x.shape.topk, x.shape.draft) == (steps, topk, draft)}
-        fresh = np.array([round(v, 6) not in tried for v in values]) | (len(tried) >= n)
+        mine = [x for x in M.launches(trials, None) if (x.shape.steps, x.shape.topk, x.shape.draft) == (steps, topk, draft)]
+        tried = {round(x.mfs, 6) for x in mine}
+        top = max((x.mfs for x in mine if x.state == "ok"), default=None)
+        # Above its highest start only: a lower fraction of a started shape is the same speed with less pool.
+        fresh = np.array([round(v, 6) not in tried and (top is None or v > top + 1e-9) for v in values])
         sure = fresh & (p >= self._first_p)
-        # Highest fraction first: the sure one with the largest pool, else the likeliest.
-        i = int(np.flatnonzero(sure)[-1]) if sure.any() else int(np.flatnonzero(p >= p[fresh].max() - 1e-9)[-1])
-        d.note += f"; mem_fraction_static {values[i]:g} from the memory model (P(start) {p[i]:.2f})"
+        if sure.any():  # highest fraction first: the sure one with the largest pool
+            i, why = int(np.flatnonzero(sure)[-1]), "from the memory model"
+        elif top is not None:  # no sure climb: its highest start again (a duplicate, settled without a launch)
+            i, why = int(np.argmin(np.abs(cand - top))), "its highest start; no higher one is sure"
+        elif fresh.any():
+            i, why = int(np.flatnonzero(fresh & (p >= p[fresh].max() - 1e-9))[-1]), "the likeliest to start"
+        else:
+            return None
+        d.note += f"; mem_fraction_static {values[i]:g}: {why} (P(start) {p[i]:.2f})"
         d.prediction = {"p_start": round(float(p[i]), 3)}
         return values[i]
+
+    def _fallback_probe(self, study, fixed: dict) -> Decision | None:
+        """A reserve probe in a study the model cannot rank (as `_reserve_probe`, without a gain
+        to choose by): while the unreported reserve is known within more than 2% of the memory
+        and fewer than _PROBE_FAILURES launches failed, every other trial raises a Pareto-front
+        shape to the highest fraction it has not launched at that starts with P 0.55-0.8.
+        Without probes `_safe_fraction` kept demo-slo's shapes at 0.80-0.85, where the running
+        requests a fraction allows capped slo_capacity (13 at best, 16-17 at the edge)."""
+        if self._space is None or self._space.mem_fraction_static is None:
+            return None
+        trials = study.get_trials(deepcopy=False)
+        finished = [t for t in trials if t.state.is_finished()]
+        if finished and str(finished[-1].user_attrs.get(record.MODEL_NOTE, "")).startswith("model: a reserve probe"):
+            return None  # every other trial: the default sampler's shapes are the search
+        memory = M.fit_memory(trials)
+        ls = M.launches(trials, None)
+        if memory is None or not _memory_uncertain(memory) or _failed_launches(ls) >= _PROBE_FAILURES:
+            return None
+        _, values = self._candidates(fixed)
+        cand = np.array(values, dtype=float)
+        front = {c[:3] for t in study.best_trials if (c := _config(t)) is not None}
+        best: tuple | None = None
+        for shape in sorted(front):
+            if any(fixed.get(name) not in (None, shape[i]) for name, i in list(_NAMES.items())[:3]
+                   if not (name == "speculative_num_draft_tokens" and shape[1] == 1)):
+                continue
+            tried = [x.mfs for x in ls if (x.shape.steps, x.shape.topk, x.shape.draft) == shape]
+            p = memory.start_probability(*(np.full(len(cand), v) for v in shape), cand)
+            ok = (p >= _PROBE_P[0]) & (p <= _PROBE_P[1]) & (cand > max(tried, default=0.0) + 1e-9)
+            if ok.any() and (best is None or cand[np.flatnonzero(ok)[-1]] > best[1]):
+                i = int(np.flatnonzero(ok)[-1])
+                best = (shape, float(cand[i]), float(p[i]))
+        if best is None:
+            return None
+        shape, mfs, p_start = best
+        lo, hi = memory.theta_range()
+        return Decision(dict(zip(_NAMES, (*shape, round(mfs, 6)))), prediction={"p_start": round(p_start, 3)},
+                        note=f"model: a reserve probe, a front shape raised to learn the memory the capture needs beyond "
+                             f"what it reports ({lo:.1f}-{hi:.1f} GiB so far; the model cannot rank this study's "
+                             f"configurations, the default sampler chooses the others) (P(start) {p_start:.2f})")
 
     def _shape_of(self, params: dict) -> tuple[int, int, int]:
         """(steps, topk, draft) of a proposal whose fraction is sampled before its draft tokens:
@@ -453,8 +507,12 @@ def _failed_launches(launches: list[M.Launch], predicted: bool = False) -> int:
 
 
 def _reserve_uncertain(model: M.Model) -> bool:
-    lo, hi = model.memory.theta_range()
-    return hi - lo > _RESERVE_KNOWN * model.memory.pre
+    return _memory_uncertain(model.memory)
+
+
+def _memory_uncertain(memory: M.Memory) -> bool:
+    lo, hi = memory.theta_range()
+    return hi - lo > _RESERVE_KNOWN * memory.pre
 
 
 _PROBE_P = (0.55, 0.8)  # a reserve probe starts with this probability: a failure is the price of learning
