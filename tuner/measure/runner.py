@@ -41,8 +41,8 @@ import asyncio
 import statistics
 import time
 
-from tuner.interrupts import run_async
 from tuner.config import BenchConfig, SloConfig
+from tuner.interrupts import run_async
 from tuner.measure import load_sweep, phases
 from tuner.measure.by_class import auto_request_tokens, class_figures
 from tuner.measure.result import ClassFigures, Measurement, Progress, RequestResult

@@ -29,9 +29,12 @@ is one (`_TRUSTED_P`).  While
 the unreported reserve is uncertain (and the study has failed fewer than two launches), a
 reserve probe (`_reserve_probe`) raises a measured shape,
 and a climb is worth what the whole front would gain (`_climb_gain`); once it is
-known, a climb is worth its own gain.  Where the model cannot be fitted (no memory_usage from the server, SLO
-constraints, objectives it does not predict), it falls back to the default sampler and says so
-in the trial's `model_note`; a poor throughput fit only widens the intervals (issue #23).
+known, a climb is worth its own gain.  Where it cannot rank configurations (SLO constraints,
+objectives it does not predict) the default sampler picks the shape and the memory model the
+fraction (`_safe_fraction`), with a reserve probe every other trial while the reserve is
+unknown (`_fallback_probe`); where the server reports no memory_usage, the default sampler
+picks both.  Either says so in the trial's `model_note`; a poor throughput fit only widens the
+intervals (issue #23).
 """
 
 from __future__ import annotations
@@ -204,10 +207,11 @@ class ModelSampler(optuna.samplers.BaseSampler):
     def _safe_fraction(self, study, trial, dist, d: Decision) -> float | None:
         """mem_fraction_static for the shape the fallback sampler chose, where the model cannot
         rank shapes (SLO constraints, an objective it does not predict) but its memory model
-        still knows where they start: the highest fraction not yet launched with that shape whose
-        P(start) is at least a first start's bar, else the likeliest.  So a shape's first launch
-        starts and a later proposal of it climbs from below.  Before any launch, the designed
-        first launch's safe fraction.  None (the fallback's walk down from the top) when the
+        still knows where they start: the highest fraction above the shape's own starts (a lower
+        one is the same speed with less pool) whose P(start) is at least a first start's bar;
+        else its highest start again (a duplicate, settled without a launch), or for a shape
+        never started the likeliest.  So a shape's first launch starts and a later proposal of it
+        climbs from below.  Before any launch, the designed first launch's safe fraction.  None (the fallback's walk down from the top) when the
         server reports no memory_usage.  Why: with slo_capacity the fallback's walk from the top
         of the range failed the demo's first launch (a graph OOM at 0.95) where the designed
         one starts; the edge sampler spends up to 2.9 failed launches a study."""
@@ -229,7 +233,6 @@ class ModelSampler(optuna.samplers.BaseSampler):
         mine = [x for x in M.launches(trials, None) if (x.shape.steps, x.shape.topk, x.shape.draft) == (steps, topk, draft)]
         tried = {round(x.mfs, 6) for x in mine}
         top = max((x.mfs for x in mine if x.state == "ok"), default=None)
-        # Above its highest start only: a lower fraction of a started shape is the same speed with less pool.
         fresh = np.array([round(v, 6) not in tried and (top is None or v > top + 1e-9) for v in values])
         sure = fresh & (p >= self._first_p)
         if sure.any():  # highest fraction first: the sure one with the largest pool

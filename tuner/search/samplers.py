@@ -2,10 +2,12 @@
 
 "auto" (the default) is "model" (tuner/search/model_sampler.py): a physical model of the
 landscape, fitted after every launch (acceptance by depth, step time, the memory line and the
-graph-OOM edge), proposes the configuration with the largest expected hypervolume gain.  Where it cannot
-rank configurations (SLO constraints, objectives it does not predict) "edge"'s TPE picks the
-shape and the memory model still picks the fraction, where P(start) >= 0.9
-(ModelSampler._safe_fraction); without memory_usage "edge" picks both.  Its P(start) comes from bounds on what the launches leave unknown (issue #23,
+graph-OOM edge), proposes the configuration with the largest expected hypervolume gain.  Where
+it cannot rank configurations (SLO constraints, objectives it does not predict) "edge"'s TPE
+picks the shape and the memory model still picks the fraction, where P(start) >= 0.9, with a
+reserve probe every other trial while the reserve is unknown (ModelSampler._safe_fraction,
+_fallback_probe); without memory_usage "edge" picks both.  Its P(start) comes from bounds on
+what the launches leave unknown (issue #23,
 benchmarks/results/sampler_benchmark_memory.md, 15 landscapes x 20 seeds: at most one failed
 launch in a study at 10 or 20 launches, launches predicted at >= 0.9 started 93-98% of the time,
 and at 10 launches 94.1-100% of the exhaustive front's hypervolume).  Chosen before that with benchmarks/sampler_benchmark.py
