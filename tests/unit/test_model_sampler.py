@@ -624,6 +624,7 @@ def test_a_study_the_model_cannot_rank_still_launches_where_its_memory_model_say
     # With slo_capacity (or SLO constraints) the shapes come from TPE; the fraction came from the
     # edge walk down from the top, which failed the demo-slo study's first launch (a graph OOM at
     # 0.95).  The memory model knows where a shape starts without knowing its latency.
+    probes = 0
     for seed in range(5):
         study, fractions, started = _slo_study("model", seed)
         assert fractions[0] == pytest.approx(0.85)  # the designed first launch's safe fraction
@@ -633,6 +634,7 @@ def test_a_study_the_model_cannot_rank_still_launches_where_its_memory_model_say
         assert all(p and 0 <= p["p_start"] <= 1 for p in predicted)
         notes = [t.user_attrs[record.MODEL_NOTE] for t in study.trials]
         assert any(": from the memory model (P(start)" in n for n in notes)
+        probes += sum(n.startswith("model: a reserve probe") for n in notes)
         # A shape proposed again is not launched below its highest start (the same speed, less pool).
         highest: dict = {}
         for t, ok in zip(study.trials, started):
@@ -640,5 +642,6 @@ def test_a_study_the_model_cannot_rank_still_launches_where_its_memory_model_say
             assert t.params["mem_fraction_static"] >= highest.get(shape, 0.0), (seed, t.number, shape)
             if ok:
                 highest[shape] = max(highest.get(shape, 0.0), t.params["mem_fraction_static"])
+    assert probes  # the edge is learned by probes of front shapes, as the model sampler's own studies do
     _, _, walked = _slo_study("edge")
     assert walked.count(False) >= 2  # the landscape's premise: the walk from the top fails here
