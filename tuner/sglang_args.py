@@ -166,6 +166,26 @@ class CommandLine:
         value = self.get("speculative_algorithm")
         return value.upper() if value else None
 
+    def incomplete_speculation(self) -> str | None:
+        """What SGLang's start-up needs of the speculative flags that this command leaves unset,
+        or None.  SGLang 0.5.23 (arg_groups/speculative_hook.py · _handle_eagle_family) picks
+        all three itself only when --speculative-num-steps is unset, asserting the other two are
+        too (a bare AssertionError); with steps set and topk unset it compares None with 1 (a
+        TypeError); a tree without draft tokens breaks when the pools are sized.  A trial always
+        passes all three; `tuner.bench --flags` can leave some out."""
+        if self.algorithm not in ("EAGLE", "EAGLE3", "NEXTN") or self.has("speculative_adaptive"):
+            return None
+        steps, topk, draft = (self.get_int(n) for n in ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens"))
+        if steps is None and (topk is not None or draft is not None):
+            return ("SGLang chooses --speculative-eagle-topk and --speculative-num-draft-tokens itself only with "
+                    "--speculative-num-steps unset (it asserts the others are unset too): set --speculative-num-steps as well")
+        if steps is not None and topk is None:
+            return ("with --speculative-num-steps SGLang needs --speculative-eagle-topk (unset, its start-up fails with a "
+                    "TypeError): add --speculative-eagle-topk 1 for a chain, or the tree's width")
+        if topk is not None and topk > 1 and draft is None:
+            return "with --speculative-eagle-topk above 1 SGLang needs --speculative-num-draft-tokens: add it"
+        return None
+
     @property
     def model_path(self) -> str:
         return self.get("model_path") or ""

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from ..conftest import PYTHON, REPO, run_cli, write_config
+from ..conftest import PYTHON, REPO, assert_no_server, free_port, run_cli, write_config
 
 pytestmark = pytest.mark.e2e
 
@@ -42,3 +42,17 @@ def test_the_log_file_does_not_echo_on_stderr_nor_twice(tmp_path):
     assert not [line for line in result.stderr.splitlines() if line.startswith("INFO ")]
     text = log.read_text()
     assert text.count("study t in ") == 1 and "phase: launching" in text and "phase: single pass 1 1/" in text
+
+
+def test_bench_flags_sglang_cannot_start_with_are_one_line_naming_the_missing_flag_before_any_launch(tmp_path):
+    # SGLang's own failure is a TypeError ('>' not supported between 'NoneType' and 'int') after
+    # a model load; the flags are complete or the launch does not happen.
+    port = free_port()
+    config = write_config(tmp_path, port=port, space=ONE)  # the command: --speculative-algorithm NEXTN, no steps
+    result = subprocess.run([PYTHON, "-m", "tuner.bench", "--config", str(config), "--flags", "--speculative-num-steps 3"],
+                            capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: --flags: with --speculative-num-steps SGLang needs --speculative-eagle-topk"), lines
+    assert "launching" not in result.stderr
+    assert_no_server(port)

@@ -59,3 +59,21 @@ def test_unreadable_config_file_is_one_clear_error():
 
     with pytest.raises(ConfigError, match=r"--config /nope.yaml: cannot read it .*put its options on the command line"):
         cmd.with_config_file(read)
+
+
+@pytest.mark.parametrize("flags,needs", [
+    ("--speculative-num-steps 3", "needs --speculative-eagle-topk"),
+    ("--speculative-eagle-topk 2", "set --speculative-num-steps as well"),
+    ("--speculative-num-draft-tokens 4", "set --speculative-num-steps as well"),
+    ("--speculative-num-steps 3 --speculative-eagle-topk 2", "needs --speculative-num-draft-tokens"),
+    ("--speculative-num-steps 3 --speculative-eagle-topk 1", None),  # SGLang sets a chain's draft tokens itself
+    ("--speculative-num-steps 3 --speculative-eagle-topk 4 --speculative-num-draft-tokens 8", None),
+    ("", None),  # SGLang picks all three
+])
+def test_speculative_flags_sglang_cannot_start_with_are_named_with_the_missing_one(flags, needs):
+    # SGLang 0.5.23 (speculative_hook.py · _handle_eagle_family): steps without topk is a
+    # TypeError, topk or draft without steps a bare AssertionError, at start-up.
+    command = CommandLine.split("python -m sglang.launch_server --model-path m --speculative-algorithm EAGLE3 " + flags)
+    problem = command.incomplete_speculation()
+    assert (problem is None) if needs is None else (needs in problem)
+    assert CommandLine.split("python -m sglang.launch_server --model-path m " + flags).incomplete_speculation() is None

@@ -7,6 +7,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from tuner.config import ServerConfig
+from tuner.errors import ConfigError
 from tuner.sglang_args import CommandLine, Params, redact
 
 __all__ = ["LaunchSpec", "launch_spec", "command_spec", "SECRET_ENV_HINTS"]
@@ -53,4 +54,7 @@ def launch_spec(server: ServerConfig, params: Params, *, api_key: str | None = N
     in), default the configured one; `extra` (tuner.bench --flags) replaces any option of the
     command it names as well."""
     command = (command or server.command_line).with_params(params).with_args(extra or [])
+    if extra and (problem := command.incomplete_speculation()):
+        # Found before a launch: SGLang's own failure is a bare AssertionError or a TypeError.
+        raise ConfigError(f"--flags: {problem}")
     return command_spec(server, command, api_key=api_key, params=params, admin_api_key=admin_api_key)
