@@ -49,7 +49,7 @@ from .capture_log import capture_lines
 from . import model as m
 from .adaptive import BUILT_LOG, AdaptiveSpeculativeParams, graph_states
 from .adaptive import worker_logger as adaptive_logger
-from .args import Resolved, model_not_found, parse_args, resolve
+from .args import Resolved, human_readable_int, model_not_found, parse_args, resolve
 from .profiles import find_profile
 
 DATEFMT = "%Y-%m-%d %H:%M:%S"
@@ -104,22 +104,6 @@ def _memory_spec(resolved: Resolved) -> m.SpecShape:
     return resolved.spec
 
 
-def human_readable_int(value: str | int | None) -> int | None:
-    """utils/common.py · human_readable_int, the type of --max-total-tokens: SI (k, M, G, T;
-    decimals allowed) and IEC (Ki, Mi, Gi, Ti) suffixes."""
-    if value is None or isinstance(value, int):
-        return value
-    import re
-    from decimal import Decimal
-
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)", value.strip())
-    if not match:
-        return int(value)
-    number, suffix = match.groups()
-    iec = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
-    if suffix in iec:
-        return int(number) * iec[suffix]
-    return int(Decimal(number) * {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}[suffix])
 def _graph_states(resolved: Resolved):
     """Adaptive mode captures one set of graphs per candidate step (adaptive.graph_states)."""
     table = resolved.adaptive_table

@@ -74,6 +74,30 @@ _059_RENAMES = {
 }
 
 
+def human_readable_int(value: str | int | None) -> int | None:
+    """utils/common.py · human_readable_int, the type of --context-length, --max-total-tokens and
+    --max-prefill-tokens (0.5.23's option table says str: its type_parser is this): SI (k, M, G, T;
+    decimals allowed) and IEC (Ki, Mi, Gi, Ti) suffixes."""
+    if value is None or isinstance(value, int):
+        return value
+    import re
+    from decimal import Decimal
+
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)", value.strip())
+    if not match:
+        return int(value)
+    number, suffix = match.groups()
+    iec = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+    if suffix in iec:
+        return int(number) * iec[suffix]
+    return int(Decimal(number) * {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}[suffix])
+
+
+# 0.5.23's fields parsed by human_readable_int (arg_groups/fields: model.py, schedule.py, exec_.py);
+# the extracted table records them as str.  0.5.9 declares them int, which this also reads.
+_HUMAN_READABLE = {"context_length", "max_total_tokens", "max_prefill_tokens", "cuda_graph_prefill_max_context"}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sglang serve")
     types = {"int": int, "float": float, "str": str, None: None}
@@ -87,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
             parser.add_argument(*options, **kwargs)
             continue
         else:
-            kwargs["type"] = types.get(flag["type"], str)
+            kwargs["type"] = human_readable_int if flag["dest"] in _HUMAN_READABLE else types.get(flag["type"], str)
             if flag["nargs"]:
                 kwargs["nargs"] = flag["nargs"]
             if flag["choices"]:

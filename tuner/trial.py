@@ -18,7 +18,7 @@ import time
 import optuna
 
 from tuner.config import Config
-from tuner.errors import HostError, LaunchError, MeasureError
+from tuner.errors import ConfigError, HostError, LaunchError, MeasureError
 from tuner.measure.objectives import Objective, score
 from tuner.measure.runner import Measurement
 from tuner.measure.workload import Workload
@@ -150,6 +150,9 @@ class TrialRunner:
             m = measure_server(self.target, ready.info, self.workload, phase=phase)
         except HostError as exc:
             record.record_failure(trial, redact(str(exc), spec.secrets))
+            raise
+        except ConfigError as exc:  # the workload cannot be sent (a prompt beyond the context): the run stops
+            self._failed(trial, spec, str(exc), state="FAIL")
             raise
         except LaunchError as exc:
             prunes = not exc.fatal and exc.kind != "port_busy"  # a held port is not these parameters' fault

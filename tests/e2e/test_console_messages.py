@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 
+import optuna
 import pytest
+from optuna.trial import TrialState
 
 from ..conftest import PYTHON, REPO, assert_no_server, free_port, run_cli, write_config
 
@@ -55,4 +58,24 @@ def test_bench_flags_sglang_cannot_start_with_are_one_line_naming_the_missing_fl
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: --flags: with --speculative-num-steps SGLang needs --speculative-eagle-topk"), lines
     assert "launching" not in result.stderr
+    assert_no_server(port)
+
+
+def test_a_prompt_beyond_the_servers_context_stops_the_run_at_its_first_launch_naming_the_fix(tmp_path):
+    # SGLang answers 400 to a request longer than its context; no searched flag changes that, and
+    # the run failed every trial alike, each after a model load.
+    prompts = tmp_path / "prompts.jsonl"
+    rows = [{"prompt": "Summarise: " + "lorem ipsum dolor sit amet " * 400, "category": "long"}]
+    rows += [{"prompt": f"Write a short poem number {i} about the sea.", "category": "chat"} for i in range(3)]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    port = free_port()
+    config = write_config(tmp_path, port=port, space=ONE, command_flags="--speculative-algorithm NEXTN --context-length 1024",
+                          bench=f'max_tokens = 64\nwarmup_requests = 1\nsingle_requests = 4\nconcurrency = 2\nconcurrent_requests = 4\nprompts = "{prompts}"')
+    result = run_cli("--trials", "3", "--config", str(config), timeout=300)
+    assert result.returncode == 2, result.stderr
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("error:")]
+    assert "[bench] prompts" in line and "longer than its context" in line and "--context-length" in line, line
+    trials = optuna.load_study(study_name="t", storage=f"sqlite:///{tmp_path / 't.db'}").trials
+    assert [t.state for t in trials] == [TrialState.FAIL]  # one launch, not three
+    assert "longer than its context" in trials[0].user_attrs["fail_reason"]
     assert_no_server(port)

@@ -67,3 +67,17 @@ def test_profiles_are_found_by_model_path():
     assert find_profile("/models/Qwen3.5-122B-A10B").key == "qwen3.5-122b-a10b"
     assert find_profile("meta-llama/Llama-3.1-8B-Instruct").key == "llama-3.1-8b-instruct"
     assert find_profile("some/other-model") is None
+
+
+@pytest.mark.parametrize("value,expected", [("1024", 1024), ("128k", 128000), ("32Ki", 32768), ("25.6k", 25600)])
+def test_context_length_is_read_as_sglang_reads_it(value, expected):
+    # 0.5.23 parses it with human_readable_int; read as a string, the length check compared an
+    # int with a str and the server never became healthy.
+    assert parse_args(["--model-path", "m", "--context-length", value]).context_length == expected
+
+
+def test_a_context_length_sglang_cannot_read_is_argparses_error(capsys):
+    with pytest.raises(SystemExit) as exit:
+        parse_args(["--model-path", "m", "--context-length", "abc"])
+    assert exit.value.code == 2
+    assert "argument --context-length: invalid human_readable_int value: 'abc'" in capsys.readouterr().err

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from dataclasses import replace
 
@@ -14,7 +15,7 @@ import httpx
 import openai
 
 from tuner.config import BenchConfig
-from tuner.errors import MeasureError
+from tuner.errors import ConfigError, MeasureError
 from tuner.measure.result import RequestResult
 from tuner.measure.stalls import LoopWatch
 from tuner.measure.workload import Prompt
@@ -87,6 +88,13 @@ def _reasoning_tokens(usage) -> int | None:
     return int(value) if value else None
 
 
+def _first_sentence(exc: openai.APIStatusError) -> str:
+    """The server's own words for an error: SGLang's JSON `message` (openai keeps the body), its first sentence."""
+    body = exc.body if isinstance(exc.body, dict) else {}
+    text = str(body.get("message") or re.sub(r"^Error code: \d+ - ", "", str(exc.message)))
+    return text.split(". ")[0].strip().rstrip(".")[:200]
+
+
 class StreamClient:
     def __init__(self, url: str, api_key: str | None, bench: BenchConfig, model: str):
         self.bench = bench
@@ -150,6 +158,12 @@ class StreamClient:
                 if chunk.usage is not None:
                     usage = chunk.usage
         except openai.APIStatusError as exc:
+            if exc.status_code == 400 and "context length" in str(exc.message):
+                # No searched flag changes the context length: every launch would fail the same
+                # request after its load (SGLang's tokenizer_manager.py · _validate_one_request).
+                raise ConfigError(f"[bench] prompts: the server refused a {prompt.request_class or prompt.category or 'workload'} "
+                                  f"request as longer than its context ({_first_sentence(exc)}); shorten or drop the "
+                                  "longest prompts, lower [bench] max_tokens, or raise the server's --context-length") from None
             raise MeasureError(f"the server answered {exc.status_code} mid-benchmark: {str(exc.message)[:200]}") from exc
         except openai.APITimeoutError as exc:
             raise MeasureError(f"the server sent nothing for {self.bench.stall_timeout_s:g} s mid-benchmark: it hangs") from exc
