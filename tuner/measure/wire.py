@@ -88,6 +88,18 @@ def _reasoning_tokens(usage) -> int | None:
     return int(value) if value else None
 
 
+def _refused(exc: openai.APIStatusError, prompt: Prompt) -> ConfigError | MeasureError:
+    """A request the server answered with an error status.  One longer than its context is the
+    workload's fault, not the launch's: no searched flag changes the context length, and every
+    launch would fail the same request after its load (SGLang's tokenizer_manager.py ·
+    _validate_one_request), so it stops the run."""
+    if exc.status_code == 400 and "context length" in str(exc.message):
+        return ConfigError(f"[bench] prompts: the server refused a {prompt.request_class or prompt.category or 'workload'} "
+                           f"request as longer than its context ({_first_sentence(exc)}); shorten or drop the "
+                           "longest prompts, lower [bench] max_tokens, or raise the server's --context-length")
+    return MeasureError(f"the server answered {exc.status_code} mid-benchmark: {str(exc.message)[:200]}")
+
+
 def _first_sentence(exc: openai.APIStatusError) -> str:
     """The server's own words for an error: SGLang's JSON `message` (openai keeps the body), its first sentence."""
     body = exc.body if isinstance(exc.body, dict) else {}
@@ -158,13 +170,7 @@ class StreamClient:
                 if chunk.usage is not None:
                     usage = chunk.usage
         except openai.APIStatusError as exc:
-            if exc.status_code == 400 and "context length" in str(exc.message):
-                # No searched flag changes the context length: every launch would fail the same
-                # request after its load (SGLang's tokenizer_manager.py · _validate_one_request).
-                raise ConfigError(f"[bench] prompts: the server refused a {prompt.request_class or prompt.category or 'workload'} "
-                                  f"request as longer than its context ({_first_sentence(exc)}); shorten or drop the "
-                                  "longest prompts, lower [bench] max_tokens, or raise the server's --context-length") from None
-            raise MeasureError(f"the server answered {exc.status_code} mid-benchmark: {str(exc.message)[:200]}") from exc
+            raise _refused(exc, prompt) from None
         except openai.APITimeoutError as exc:
             raise MeasureError(f"the server sent nothing for {self.bench.stall_timeout_s:g} s mid-benchmark: it hangs") from exc
         except openai.APIConnectionError as exc:
