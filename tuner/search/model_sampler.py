@@ -162,11 +162,8 @@ class ModelSampler(optuna.samplers.BaseSampler):
 
     def _make_decision(self, study, fixed: dict) -> Decision:
         if self._usable:
-            if self._space is not None and self._space.mem_fraction_static is not None:
-                probe = self._fallback_probe(study, fixed)
-                if probe is not None:
-                    return probe
-            return Decision(fallback=True, note=f"model sampler off: {self._usable}; the default sampler chose")
+            return self._fallback_probe(study, fixed) or \
+                Decision(fallback=True, note=f"model sampler off: {self._usable}; the default sampler chose")
         if self._space is None or self._space.mem_fraction_static is None:
             return Decision(fallback=True, note="model sampler off: mem_fraction_static is not searched; the default sampler chose")
         names = list(study.metric_names or PREDICTED[: len(study.directions)])
@@ -230,7 +227,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
         cand = np.array(values, dtype=float)
         n = len(cand)
         p = memory.start_probability(np.full(n, steps), np.full(n, topk), np.full(n, draft), cand)
-        mine = [x for x in M.launches(trials, None) if (x.shape.steps, x.shape.topk, x.shape.draft) == (steps, topk, draft)]
+        mine = _launches_of(M.launches(trials, None), (steps, topk, draft))
         tried = {round(x.mfs, 6) for x in mine}
         top = max((x.mfs for x in mine if x.state == "ok"), default=None)
         fresh = np.array([round(v, 6) not in tried and (top is None or v > top + 1e-9) for v in values])
@@ -264,15 +261,12 @@ class ModelSampler(optuna.samplers.BaseSampler):
         ls = M.launches(trials, None)
         if memory is None or not _memory_uncertain(memory) or _failed_launches(ls) >= _PROBE_FAILURES:
             return None
-        _, values = self._candidates(fixed)
+        shapes, values = self._candidates(fixed)  # the fixed parameters' shapes, the searched fractions
         cand = np.array(values, dtype=float)
         front = {c[:3] for t in study.best_trials if (c := _config(t)) is not None}
         best: tuple | None = None
-        for shape in sorted(front):
-            if any(fixed.get(name) not in (None, shape[i]) for name, i in list(_NAMES.items())[:3]
-                   if not (name == "speculative_num_draft_tokens" and shape[1] == 1)):
-                continue
-            tried = [x.mfs for x in ls if (x.shape.steps, x.shape.topk, x.shape.draft) == shape]
+        for shape in sorted(front & set(shapes)):
+            tried = [x.mfs for x in _launches_of(ls, shape)]
             p = memory.start_probability(*(np.full(len(cand), v) for v in shape), cand)
             ok = (p >= _PROBE_P[0]) & (p <= _PROBE_P[1]) & (cand > max(tried, default=0.0) + 1e-9)
             if ok.any() and (best is None or cand[np.flatnonzero(ok)[-1]] > best[1]):
@@ -381,6 +375,10 @@ class ModelSampler(optuna.samplers.BaseSampler):
                 f"fitted on {launched} launches, throughput fit error {model.fit_error:.1%}"
                 + (f"; {own_failed} of its launches failed: only P(start) >= {_TRUSTED_P:g}" if trusted_only else ""))
         return Decision(params, note=note, prediction=pred.interval(best))
+
+
+def _launches_of(ls: list[M.Launch], shape: tuple[int, int, int]) -> list[M.Launch]:
+    return [x for x in ls if (x.shape.steps, x.shape.topk, x.shape.draft) == tuple(shape)]
 
 
 def _design_fraction(trials: list[FrozenTrial], mfs_values: list[float], base) -> float:
