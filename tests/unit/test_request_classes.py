@@ -4,6 +4,7 @@ objectives and record, the emulator's context physics."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import math
 from collections import Counter
 from types import SimpleNamespace
@@ -126,6 +127,23 @@ def test_class_figures_and_the_auto_footprint_come_from_the_measured_requests():
     assert figures["long_context"].single_s == pytest.approx(1.1)
     # mean over requests in the mix's proportions of prompt tokens + max_tokens
     assert auto_request_tokens(figures) == math.ceil(0.6 * (50 + 128) + 0.4 * (16000 + 128))
+
+
+def test_the_auto_footprint_is_the_same_however_many_passes_repeated_the_prompts():
+    # The no-speculation baseline of a study ran two single-stream passes, its trials five: weighting
+    # by sends gave them 11,662 and 11,981 tokens a request for the same workload.
+    def sent(passes: int) -> list[RequestResult]:
+        single = [replace(_result(c, n, 101, 40, 0.0), prompt_key=k) for _ in range(passes)
+                  for c, n, k in (("chat", 300, 1), ("rag", 30000, 2))]
+        concurrent = [replace(_result(c, n, 101, 40, 0.0), prompt_key=k)
+                      for c, n, k in (("chat", 200, 3), ("rag", 15000, 4), ("chat", 300, 1), ("rag", 20000, 5))]
+        return single + concurrent
+    footprints = set()
+    for passes in (1, 2, 5):
+        results = sent(passes)
+        figures = class_figures({"chat": 0.5, "rag": 0.5}, results, {}, [], {}, speculative=True)
+        footprints.add(auto_request_tokens(figures))
+    assert footprints == {math.ceil(0.5 * (250 + 128) + 0.5 * (65000 / 3 + 128))}
 
 
 def test_per_class_objectives_are_accepted_and_checked_against_the_workload():
