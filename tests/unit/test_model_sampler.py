@@ -635,6 +635,9 @@ def test_a_study_the_model_cannot_rank_still_launches_where_its_memory_model_say
         notes = [t.user_attrs[record.MODEL_NOTE] for t in study.trials]
         assert any(": from the memory model (P(start)" in n for n in notes)
         probes += sum(n.startswith("model: a reserve probe") for n in notes)
+        # Nor is a trial spent on a duplicate: a chain with no sure climb left is not proposed again.
+        configs = [tuple(sorted(t.params.items())) for t in study.trials]
+        assert len(set(configs)) == len(configs), (seed, configs)
         # A shape proposed again is not launched below its highest start (the same speed, less pool).
         highest: dict = {}
         for t, ok in zip(study.trials, started):

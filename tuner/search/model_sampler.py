@@ -105,6 +105,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
         self._space = None
         self._base = None
         self._decisions: dict[tuple[str, int], Decision] = {}
+        self._random = optuna.samplers.RandomSampler(seed=seed)  # redraws of a spent chain (_spent)
 
     # -- wiring --
     def bind_space(self, space, base) -> None:
@@ -123,6 +124,10 @@ class ModelSampler(optuna.samplers.BaseSampler):
         d = self._decide(study, trial)
         if d.fallback:
             d.relative = self._fallback.sample_relative(study, trial, search_space)
+            for _ in range(_REDRAWS):  # a chain with nowhere to climb: another shape (_spent)
+                if not self._spent(study, {**trial.params, **d.relative}):
+                    break
+                d.relative = {name: self._random.sample_independent(study, trial, name, dist) for name, dist in search_space.items()}
             return d.relative
         return {}
 
@@ -132,6 +137,13 @@ class ModelSampler(optuna.samplers.BaseSampler):
             value = self._safe_fraction(study, trial, param_distribution, d)
             if value is not None:
                 return value
+        if d.fallback and param_name == "speculative_eagle_topk":
+            value = self._fallback.sample_independent(study, trial, param_name, param_distribution)
+            for _ in range(_REDRAWS):
+                if not self._spent(study, {**trial.params, param_name: value}):
+                    break
+                value = self._random.sample_independent(study, trial, param_name, param_distribution)
+            return value
         if d.fallback or param_name not in d.params:
             return self._fallback.sample_independent(study, trial, param_name, param_distribution)
         if any(trial.params.get(k, v) != v for k, v in d.params.items()):
@@ -204,19 +216,15 @@ class ModelSampler(optuna.samplers.BaseSampler):
     def _safe_fraction(self, study, trial, dist, d: Decision) -> float | None:
         """mem_fraction_static for the shape the fallback sampler chose, where the model cannot
         rank shapes (SLO constraints, an objective it does not predict) but its memory model
-        still knows where they start: the highest fraction above the shape's own starts (a lower
-        one is the same speed with less pool) whose P(start) is at least a first start's bar;
-        else its highest start again (a duplicate, settled without a launch), or for a shape
-        never started the likeliest.  So a shape's first launch starts and a later proposal of it
-        climbs from below.  Before any launch, the designed first launch's safe fraction.  None (the fallback's walk down from the top) when the
-        server reports no memory_usage.  Why: with slo_capacity the fallback's walk from the top
-        of the range failed the demo's first launch (a graph OOM at 0.95) where the designed
-        one starts; the edge sampler spends up to 2.9 failed launches a study."""
+        still knows where they start (`_fraction_for`).  Before any launch, the designed first
+        launch's safe fraction.  None (the fallback's walk down from the top) when the server
+        reports no memory_usage.  Why: with slo_capacity the fallback's walk from the top of the
+        range failed the demo's first launch (a graph OOM at 0.95) where the designed one
+        starts; the edge sampler spends up to 2.9 failed launches a study."""
         values = [m for m in self._candidates({})[1] if _contains(dist, m)]
         if not values:
             return None
         trials = study.get_trials(deepcopy=False)
-        steps, topk, draft = self._shape_of({**d.relative, **trial.params})
         memory = M.fit_memory(trials)
         if memory is None:
             if any(t.state == TrialState.COMPLETE for t in trials):
@@ -224,25 +232,32 @@ class ModelSampler(optuna.samplers.BaseSampler):
             mfs = _design_fraction(trials, values, self._base)
             d.note += f"; mem_fraction_static {mfs:g}: the designed first launch's safe fraction"
             return mfs
-        cand = np.array(values, dtype=float)
-        n = len(cand)
-        p = memory.start_probability(np.full(n, steps), np.full(n, topk), np.full(n, draft), cand)
-        mine = _launches_of(M.launches(trials, None), (steps, topk, draft))
-        tried = {round(x.mfs, 6) for x in mine}
-        top = max((x.mfs for x in mine if x.state == "ok"), default=None)
-        fresh = np.array([round(v, 6) not in tried and (top is None or v > top + 1e-9) for v in values])
-        sure = fresh & (p >= self._first_p)
-        if sure.any():  # highest fraction first: the sure one with the largest pool
-            i, why = int(np.flatnonzero(sure)[-1]), "from the memory model"
-        elif top is not None:  # no sure climb: its highest start again (a duplicate, settled without a launch)
-            i, why = int(np.argmin(np.abs(cand - top))), "its highest start; no higher one is sure"
-        elif fresh.any():
-            i, why = int(np.flatnonzero(fresh & (p >= p[fresh].max() - 1e-9))[-1]), "the likeliest to start"
-        else:
+        choice = _fraction_for(memory, trials, self._shape_of({**d.relative, **trial.params}), values, self._first_p)
+        if choice is None:
             return None
-        d.note += f"; mem_fraction_static {values[i]:g}: {why} (P(start) {p[i]:.2f})"
-        d.prediction = {"p_start": round(float(p[i]), 3)}
+        i, kind, p = choice
+        why = {"climb": "from the memory model", "again": "its highest start; no higher one is sure",
+               "likeliest": "the likeliest to start"}[kind]
+        d.note += f"; mem_fraction_static {values[i]:g}: {why} (P(start) {p:.2f})"
+        d.prediction = {"p_start": round(p, 3)}
         return values[i]
+
+    def _spent(self, study, params: dict) -> bool:
+        """A chain the fallback sampler proposes that has started and has no higher fraction
+        the memory model is sure of: `_safe_fraction` could only launch it at its highest start
+        again, a duplicate that costs a trial of the budget without a launch.  Why: TPE's
+        start-up draws re-proposed the reserve probes' chain, (3, 1, 4), one trial in ten of a
+        per-class study on the demo (0.4 duplicates in ten trials over ten seeds of
+        tests/unit/test_model_sampler.py's `_slo_study`)."""
+        if params.get("speculative_eagle_topk") != 1 or params.get("speculative_num_steps") is None \
+                or self._space is None or self._space.mem_fraction_static is None:
+            return False
+        trials = study.get_trials(deepcopy=False)
+        memory = M.fit_memory(trials)
+        if memory is None:
+            return False
+        choice = _fraction_for(memory, trials, self._shape_of(params), self._candidates({})[1], self._first_p)
+        return choice is not None and choice[1] == "again"
 
     def _fallback_probe(self, study, fixed: dict) -> Decision | None:
         """A reserve probe in a study the model cannot rank (as `_reserve_probe`, without a gain
@@ -375,6 +390,34 @@ class ModelSampler(optuna.samplers.BaseSampler):
                 f"fitted on {launched} launches, throughput fit error {model.fit_error:.1%}"
                 + (f"; {own_failed} of its launches failed: only P(start) >= {_TRUSTED_P:g}" if trusted_only else ""))
         return Decision(params, note=note, prediction=pred.interval(best))
+
+
+def _fraction_for(memory: M.Memory, trials: list[FrozenTrial], shape: tuple[int, int, int], values: list[float],
+                  bar: float) -> tuple[int, str, float] | None:
+    """Where the memory model would launch `shape` (ModelSampler._safe_fraction): the highest
+    fraction above the shape's own starts (a lower one is the same speed with less pool) whose
+    P(start) is at least `bar` ("climb"); else its highest start again ("again", a duplicate
+    settled without a launch), or for a shape never started the likeliest ("likeliest").  So a
+    shape's first launch starts and a later proposal of it climbs from below.  (index, kind,
+    P(start)), or None when no fraction is left."""
+    cand = np.array(values, dtype=float)
+    n = len(cand)
+    steps, topk, draft = shape
+    p = memory.start_probability(np.full(n, steps), np.full(n, topk), np.full(n, draft), cand)
+    mine = _launches_of(M.launches(trials, None), shape)
+    tried = {round(x.mfs, 6) for x in mine}
+    top = max((x.mfs for x in mine if x.state == "ok"), default=None)
+    fresh = np.array([round(v, 6) not in tried and (top is None or v > top + 1e-9) for v in values])
+    sure = fresh & (p >= bar)
+    if sure.any():  # highest fraction first: the sure one with the largest pool
+        i, kind = int(np.flatnonzero(sure)[-1]), "climb"
+    elif top is not None:
+        i, kind = int(np.argmin(np.abs(cand - top))), "again"
+    elif fresh.any():
+        i, kind = int(np.flatnonzero(fresh & (p >= p[fresh].max() - 1e-9))[-1]), "likeliest"
+    else:
+        return None
+    return i, kind, float(p[i])
 
 
 def _launches_of(ls: list[M.Launch], shape: tuple[int, int, int]) -> list[M.Launch]:
@@ -516,6 +559,7 @@ def _memory_uncertain(memory: M.Memory) -> bool:
     return hi - lo > _RESERVE_KNOWN * memory.pre
 
 
+_REDRAWS = 8  # draws for a shape other than a spent chain, as MemoryEdgeSampler's dedupe
 _PROBE_P = (0.55, 0.8)  # a reserve probe starts with this probability: a failure is the price of learning
 
 
