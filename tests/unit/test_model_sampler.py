@@ -541,6 +541,33 @@ def test_an_older_sglangs_started_launch_tells_the_model_what_was_left_through_i
     assert p["0.5.23"].min() < 0.9  # the candidates reach where memory decides
 
 
+def test_a_two_rank_server_holds_a_request_of_each_ranks_own_pool():
+    # DP attention: each rank has its own KV pool and slots, and a request cannot span ranks.  The
+    # record keeps the running requests summed over ranks and rank 0's token capacity; with 32k-token
+    # requests the pool limits, and the model read one rank's pool as the whole server's: half the
+    # capacity the launches measured (an operator's DP study, --tp 4 --dp 2 --enable-dp-attention).
+    request = 29000
+
+    def launch(steps, mfs):
+        _, values, attrs = _truth(steps, 1, steps + 1, mfs)
+        tokens = attrs[record.MEMORY_USAGE]["token_capacity"]
+        flags = {"speculative_num_steps": steps, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": steps + 1,
+                 "mem_fraction_static": mfs}
+        ranks = [{"max_total_num_tokens": tokens, "max_running_requests": 22}] * 2
+        attrs = {**attrs, record.MAX_RUNNING_REQUESTS: 44, record.MAX_TOTAL_NUM_TOKENS: 2 * tokens, record.REQUEST_TOKENS: request,
+                 record.DP_RANKS: ranks, record.GPU_COUNT: 2, record.FLAGS: flags}
+        return optuna.trial.create_trial(values=[values[0], values[1], 2 * min(22, tokens // request)], user_attrs=attrs)
+
+    trials = [launch(3, 0.80), launch(3, 0.86), launch(5, 0.84)]
+    model, why = M.fit(trials, ["single_tps", "concurrent_tps", "capacity"])
+    assert model is not None, why
+    # within a request a rank of what the launches measured (the pool's fit is not exact), not half
+    measured = model.predict([3, 3, 5], [1, 1, 1], [4, 4, 6], [0.80, 0.86, 0.84]).capacity
+    assert all(abs(p - t.values[2]) <= 2 for p, t in zip(measured, trials)), (list(measured), [t.values[2] for t in trials])
+    tokens = _truth(4, 1, 5, 0.90)[2][record.MEMORY_USAGE]["token_capacity"]
+    assert abs(model.predict([4], [1], [5], [0.90]).capacity[0] - 2 * min(22, tokens // request)) <= 2
+
+
 def test_a_four_gpu_rank_is_less_sure_of_a_fraction_no_launch_reached():
     # With tp 4 the capture may also need NCCL's and the custom all-reduce's buffers, in no
     # figure: the unreported reserve's range reaches 1 GiB per GPU further.  The same launches

@@ -1092,6 +1092,11 @@ class Model:
     # pool allows, so another fraction of a measured shape is predicted from its measurement,
     # as precisely as the measurement noise: re-launching it is not exploration.
     anchors: dict = field(default_factory=dict)
+    # Data-parallel ranks (DP attention): each rank has its own KV pool and request slots, and
+    # a request cannot span ranks.  The launches' running requests are the sum over ranks, their
+    # token capacity rank 0's (record.memory_usage), so capacity is ranks x min(running per rank,
+    # one rank's tokens // request_tokens), as the tuner measures it (contract: capacity).
+    ranks: int = 1
 
     def predict(self, steps, topk, draft, mfs) -> Prediction:
         steps, topk, draft, mfs = (np.atleast_1d(np.asarray(v)) for v in (steps, topk, draft, mfs))
@@ -1108,6 +1113,8 @@ class Model:
         single = accept / np.maximum(t1, 1e-3) * 1000
         concurrent = batch * accept / np.maximum(tb, 1e-3) * 1000
         capacity = np.minimum(running, np.floor(tokens / self.request_tokens))
+        if self.ranks > 1:
+            capacity = self.ranks * np.minimum(np.floor(running / self.ranks + 1e-9), np.floor(tokens / self.request_tokens))
         novelty = self._novelty(steps, topk, draft)
         # A throughput fit that misses its own launches is as unsure elsewhere (a MoE whose
         # verify cost the features do not hold, say): its error widens every interval.
@@ -1229,6 +1236,7 @@ def fit(trials: list[FrozenTrial], metric_names: list[str] | None) -> tuple[Mode
     for x in ok:
         measured[x.shape.topk] = max(measured.get(x.shape.topk, 0), x.shape.steps)
     model = Model(_fit_acceptance(ls), time, memory, max(set(levels), key=levels.count), int(rt), measured, 0.0)
+    model.ranks = max((len(x.attrs.get(record.DP_RANKS) or ()) for x in ok), default=1) or 1
     model.fit_error = _fit_error(model, ok)
     model.anchors = _anchors(model, ok)
     return model, "fitted on %d launches" % len(ls)
