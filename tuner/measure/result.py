@@ -35,7 +35,7 @@ class RequestResult:
     accept_histogram: tuple[int, ...] | None = None
     request_class: str = "user"  # the prompt's class (workload.py): its category, split by context_buckets
     max_tokens: int = 0  # what the request asked for (the KV it may come to hold: prompt_tokens + this)
-    # Which prompt it sent (the hash of its text, None when unknown): a prompt a measurement sent
+    # Which request it was (the hash of its text and max_tokens, None when unknown): one a measurement sent
     # twice counts once in the workload's footprint (by_class.auto_request_tokens).
     prompt_key: int | None = None
     client_stall_s: float = 0.0  # of start..end, the seconds the measuring client could not run (stalls.py)

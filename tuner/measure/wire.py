@@ -193,7 +193,7 @@ class StreamClient:
             accept_histogram=_histogram((details or {}).get("spec_correct_drafts_histogram")),
             request_class=prompt.request_class or prompt.category,
             max_tokens=max_tokens,
-            prompt_key=hash(prompt.text),
+            prompt_key=hash((prompt.text, max_tokens)),
         )
 
     def _extra_body(self) -> dict:
