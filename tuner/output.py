@@ -174,34 +174,38 @@ def measurement_table(m: Measurement, objectives, values: dict[str, float]) -> T
     table.add_column("figure")
     table.add_column("value", justify="right")
     table.add_column("spread / detail")
+    # Plain text, not markup: a detail names config keys ("[bench] request_tokens", "[slo] max_points").
+    def add(*cells) -> None:
+        table.add_row(*(Text(c) if isinstance(c, str) else c for c in cells))
+
     lo, hi = m.single_ci95
-    table.add_row("single_tps", f"{m.single_tps:.1f} tok/s", f"95% CI {lo:.1f} … {hi:.1f} (±{m.single_spread * 100:.1f}%), {len(m.single_runs)} passes: {', '.join(f'{x:.1f}' for x in m.single_runs)}")
+    add("single_tps", f"{m.single_tps:.1f} tok/s", f"95% CI {lo:.1f} … {hi:.1f} (±{m.single_spread * 100:.1f}%), {len(m.single_runs)} passes: {', '.join(f'{x:.1f}' for x in m.single_runs)}")
     for level, rate in m.concurrent_tps_by_level.items():
-        table.add_row(f"concurrent_tps @{level}", f"{rate:.1f} tok/s", f"steady window {m.concurrent_window_s[level]:.1f} s, p99 ITL {m.concurrent_p99_itl_ms[level]:.1f} ms")
-    table.add_row("accept_length", fmt(m.accept_length, 2), _accept_detail(m))
+        add(f"concurrent_tps @{level}", f"{rate:.1f} tok/s", f"steady window {m.concurrent_window_s[level]:.1f} s, p99 ITL {m.concurrent_p99_itl_ms[level]:.1f} ms")
+    add("accept_length", fmt(m.accept_length, 2), _accept_detail(m))
     if m.thinking_tokens:
-        table.add_row("thinking_tokens", fmt(m.thinking_tokens), "of the completion tokens, thinking (timed like the answer)")
-    table.add_row("max_total_num_tokens", fmt(m.max_total_num_tokens), "")
-    table.add_row("max_running_requests", fmt(m.max_running_requests), "")
-    table.add_row("request_tokens", fmt(m.request_tokens), "measured: mean prompt + max_tokens (auto)" if m.request_tokens_auto else "[bench] request_tokens")
+        add("thinking_tokens", fmt(m.thinking_tokens), "of the completion tokens, thinking (timed like the answer)")
+    add("max_total_num_tokens", fmt(m.max_total_num_tokens), "")
+    add("max_running_requests", fmt(m.max_running_requests), "")
+    add("request_tokens", fmt(m.request_tokens), "measured: mean prompt + max_tokens (auto)" if m.request_tokens_auto else "[bench] request_tokens")
     for name, f in m.by_class.items():
-        table.add_row(f"class {name}", f"{f.single_tps:.1f} tok/s",
+        add(f"class {name}", f"{f.single_tps:.1f} tok/s",
                       f"share {f.share:.2f}, {f.requests} requests, accept {fmt(f.accept_length, 2)}, prompt tokens {f.prompt_tokens_median:,.0f} (median), "
                       f"concurrent {fmt(f.concurrent_tps)} tok/s, single stream {f.single_s:.1f} s")
-    table.add_row("TTFT", f"{m.ttft_ms:.1f} ms", f"p90 {m.ttft_p90_ms:.1f}, p99 {m.ttft_p99_ms:.1f} (single stream)")
-    table.add_row("ITL", f"{m.itl_ms:.2f} ms", f"p90 {m.itl_p90_ms:.2f}, p99 {m.itl_p99_ms:.2f} (single stream)")
-    table.add_row("end-to-end", f"{m.e2e_ms:.0f} ms", f"p90 {m.e2e_p90_ms:.0f}, p99 {m.e2e_p99_ms:.0f}")
+    add("TTFT", f"{m.ttft_ms:.1f} ms", f"p90 {m.ttft_p90_ms:.1f}, p99 {m.ttft_p99_ms:.1f} (single stream)")
+    add("ITL", f"{m.itl_ms:.2f} ms", f"p90 {m.itl_p90_ms:.2f}, p99 {m.itl_p99_ms:.2f} (single stream)")
+    add("end-to-end", f"{m.e2e_ms:.0f} ms", f"p90 {m.e2e_p90_ms:.0f}, p99 {m.e2e_p99_ms:.0f}")
     if m.client_stall_resent or m.client_stall_kept:
-        table.add_row("client stalls", fmt(m.client_stall_resent),
+        add("client stalls", fmt(m.client_stall_resent),
                       f"single-stream requests sent again: this client was starved of CPU during them"
                       f"{f' ({m.client_stall_kept} still starved)' if m.client_stall_kept else ''}")
     if m.greedy_inflation:
-        table.add_row("greedy_inflation", f"{m.greedy_inflation:.2f}x", "single_tps with ignore_eos / stopping at EOS")
+        add("greedy_inflation", f"{m.greedy_inflation:.2f}x", "single_tps with ignore_eos / stopping at EOS")
     if m.load_curve is not None:
-        table.add_row("slo_capacity", *_slo_cells(m))
+        add("slo_capacity", *_slo_cells(m))
     for objective in objectives:
-        table.add_row(f"objective {objective.name}", fmt(values[objective.name]), objective.unit)
-    table.add_row("time", f"{m.duration_s:.1f} s", f"{m.completion_tokens:,} completion tokens")
+        add(f"objective {objective.name}", fmt(values[objective.name]), objective.unit)
+    add("time", f"{m.duration_s:.1f} s", f"{m.completion_tokens:,} completion tokens")
     return table
 
 

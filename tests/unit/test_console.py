@@ -289,3 +289,24 @@ def test_one_result_prints_as_a_table_json_or_markdown(capsys):
     terminal = Console(file=io.StringIO(), width=120)
     output.show(view, "table", terminal)
     assert "181.5" in terminal.file.getvalue() and "[green]" not in terminal.file.getvalue()
+
+
+def test_a_benchmarks_table_prints_the_config_keys_it_names():
+    # "[bench] request_tokens" is rich markup's tag syntax: printed as markup the detail read
+    # " request_tokens" (tuner.bench on a config with a fixed request size).
+    from io import StringIO
+
+    from rich.console import Console
+
+    from tuner.measure.objectives import load_objectives
+    from tuner.measure.result import Measurement
+    from tuner.output import measurement_view, show
+
+    m = Measurement(single_tps=150.0, single_runs=(149.0, 151.0), single_ci95=(140.0, 160.0), concurrent_tps_by_level={16: 1200.0},
+                    concurrent_window_s={16: 10.0}, concurrent_p99_itl_ms={16: 9.0}, max_total_num_tokens=300_000,
+                    max_running_requests=17, request_tokens=8192, accept_length=2.9, ttft_ms=50, ttft_p90_ms=60, ttft_p99_ms=70,
+                    itl_ms=6, itl_p90_ms=7, itl_p99_ms=9, e2e_ms=900, e2e_p90_ms=950, e2e_p99_ms=990)
+    objectives = load_objectives(["single_tps", "capacity"], [16])
+    out = StringIO()
+    show(measurement_view(m, objectives), "table", Console(file=out, width=200))
+    assert "[bench] request_tokens" in out.getvalue()
