@@ -665,6 +665,10 @@ def test_a_study_the_model_cannot_rank_still_launches_where_its_memory_model_say
         # Nor is a trial spent on a duplicate: a chain with no sure climb left is not proposed again.
         configs = [tuple(sorted(t.params.items())) for t in study.trials]
         assert len(set(configs)) == len(configs), (seed, configs)
+        # Nor on a tree that verifies what a shallower one does (steps beyond draft - 1, or two draft tokens).
+        trees = [(t.params["speculative_num_steps"], t.params["speculative_num_draft_tokens"]) for t in study.trials
+                 if t.params["speculative_eagle_topk"] > 1]
+        assert all(steps <= draft - 1 and draft > 2 for steps, draft in trees), (seed, trees)
         # A shape proposed again is not launched below its highest start (the same speed, less pool).
         highest: dict = {}
         for t, ok in zip(study.trials, started):

@@ -137,13 +137,16 @@ class ModelSampler(optuna.samplers.BaseSampler):
             value = self._safe_fraction(study, trial, param_distribution, d)
             if value is not None:
                 return value
-        if d.fallback and param_name == "speculative_eagle_topk":
+        if d.fallback and param_name in ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens"):
             value = self._fallback.sample_independent(study, trial, param_name, param_distribution)
-            for _ in range(_REDRAWS):
-                if not self._spent(study, {**trial.params, param_name: value}):
-                    break
-                value = self._random.sample_independent(study, trial, param_name, param_distribution)
-            return value
+            if not self._spent(study, {**trial.params, param_name: value}):
+                return value
+            # Another value at random among those of use (every one tried: a topk has 3-4, a draft count up to ~30).
+            options = list(param_distribution.choices) if isinstance(param_distribution, optuna.distributions.CategoricalDistribution) \
+                else list(range(param_distribution.low, param_distribution.high + 1, param_distribution.step or 1))
+            rng = np.random.default_rng([self._seed, trial.number])
+            return next((options[i] for i in rng.permutation(len(options))
+                         if not self._spent(study, {**trial.params, param_name: options[i]})), value)
         if d.fallback or param_name not in d.params:
             return self._fallback.sample_independent(study, trial, param_name, param_distribution)
         if any(trial.params.get(k, v) != v for k, v in d.params.items()):
@@ -243,21 +246,36 @@ class ModelSampler(optuna.samplers.BaseSampler):
         return values[i]
 
     def _spent(self, study, params: dict) -> bool:
-        """A chain the fallback sampler proposes that has started and has no higher fraction
-        the memory model is sure of: `_safe_fraction` could only launch it at its highest start
-        again, a duplicate that costs a trial of the budget without a launch.  Why: TPE's
-        start-up draws re-proposed the reserve probes' chain, (3, 1, 4), one trial in ten of a
-        per-class study on the demo (0.4 duplicates in ten trials over ten seeds of
-        tests/unit/test_model_sampler.py's `_slo_study`)."""
-        if params.get("speculative_eagle_topk") != 1 or params.get("speculative_num_steps") is None \
-                or self._space is None or self._space.mem_fraction_static is None:
+        """Whether a shape the fallback sampler proposes is no use to launch: a tree a shallower
+        tree or the chain beats by construction (`_undominated`: whatever the objective, it
+        verifies the same nodes more slowly), or one `_safe_fraction` could only launch where it
+        has been launched, its highest start with no sure climb above (a duplicate, a trial of
+        the budget spent without a launch).  Asked with steps and topk (every undominated draft
+        count of them launched there), and again with the draft count.  Why: TPE's start-up draws
+        re-proposed the reserve probes' chain, (3, 1, 4), one trial in ten of a per-class study
+        on the demo (0.4 duplicates in ten trials over ten seeds of
+        tests/unit/test_model_sampler.py's `_slo_study`), and launched (5, 4, 4) in an SLO study,
+        which verifies what (3, 4, 4) does."""
+        steps, topk = params.get("speculative_num_steps"), params.get("speculative_eagle_topk")
+        if steps is None or self._space is None or self._space.mem_fraction_static is None:
             return False
+        shapes, values = self._candidates({})
+        if topk is None:  # steps alone: every topk of them spent
+            return all(self._spent(study, {**params, "speculative_eagle_topk": k}) for k in sorted({sh[1] for sh in shapes}))
         trials = study.get_trials(deepcopy=False)
+        launched = {c: t.state == TrialState.COMPLETE for t in trials if t.state.is_finished() and (c := _config(t)) is not None}
+        if topk != 1 and params.get("speculative_num_draft_tokens") is not None:  # the draft count too
+            shape, mfs = self._shape_of(params), params.get("mem_fraction_static")
+            # launched there, or started as high: its measurement has the same speed and no less pool
+            below = mfs is not None and any(c[:3] == shape and (c[3] >= mfs - 1e-9 if ok else abs(c[3] - mfs) < 1e-9)
+                                            for c, ok in launched.items())
+            return shape not in set(shapes) or below
+        mine = [sh for sh in shapes if sh[:2] == (steps, topk)]
         memory = M.fit_memory(trials)
-        if memory is None:
-            return False
-        choice = _fraction_for(memory, trials, self._shape_of(params), self._candidates({})[1], self._first_p)
-        return choice is not None and choice[1] == "again"
+        if not mine or memory is None:
+            return not mine
+        choice = _fraction_for(memory, trials, self._shape_of(params), values, self._first_p)
+        return choice is not None and all((*sh, round(values[choice[0]], 6)) in launched for sh in mine)
 
     def _fallback_probe(self, study, fixed: dict) -> Decision | None:
         """A reserve probe in a study the model cannot rank (as `_reserve_probe`, without a gain
