@@ -190,15 +190,15 @@ def measurement_table(m: Measurement, objectives, values: dict[str, float]) -> T
     add("request_tokens", fmt(m.request_tokens), "measured: mean prompt + max_tokens (auto)" if m.request_tokens_auto else "[bench] request_tokens")
     for name, f in m.by_class.items():
         add(f"class {name}", f"{f.single_tps:.1f} tok/s",
-                      f"share {f.share:.2f}, {f.requests} requests, accept {fmt(f.accept_length, 2)}, prompt tokens {f.prompt_tokens_median:,.0f} (median), "
-                      f"concurrent {fmt(f.concurrent_tps)} tok/s, single stream {f.single_s:.1f} s")
+            f"share {f.share:.2f}, {f.requests} requests, accept {fmt(f.accept_length, 2)}, prompt tokens {f.prompt_tokens_median:,.0f} (median), "
+            f"concurrent {fmt(f.concurrent_tps)} tok/s, single stream {f.single_s:.1f} s")
     add("TTFT", f"{m.ttft_ms:.1f} ms", f"p90 {m.ttft_p90_ms:.1f}, p99 {m.ttft_p99_ms:.1f} (single stream)")
     add("ITL", f"{m.itl_ms:.2f} ms", f"p90 {m.itl_p90_ms:.2f}, p99 {m.itl_p99_ms:.2f} (single stream)")
     add("end-to-end", f"{m.e2e_ms:.0f} ms", f"p90 {m.e2e_p90_ms:.0f}, p99 {m.e2e_p99_ms:.0f}")
     if m.client_stall_resent or m.client_stall_kept:
         add("client stalls", fmt(m.client_stall_resent),
-                      f"single-stream requests sent again: this client was starved of CPU during them"
-                      f"{f' ({m.client_stall_kept} still starved)' if m.client_stall_kept else ''}")
+            f"single-stream requests sent again: this client was starved of CPU during them"
+            f"{f' ({m.client_stall_kept} still starved)' if m.client_stall_kept else ''}")
     if m.greedy_inflation:
         add("greedy_inflation", f"{m.greedy_inflation:.2f}x", "single_tps with ignore_eos / stopping at EOS")
     if m.load_curve is not None:
