@@ -541,6 +541,32 @@ def test_an_older_sglangs_started_launch_tells_the_model_what_was_left_through_i
     assert p["0.5.23"].min() < 0.9  # the candidates reach where memory decides
 
 
+def test_a_study_of_single_stream_speed_takes_no_reserve_probe_nor_a_measured_shape_again():
+    # A reserve probe raises a measured shape's fraction to learn where the pool's edge is: worth a
+    # launch where an objective moves with the pool (capacity, a batch), none for single_tps alone
+    # (a single_tps study on the demo raised (5, 4, 10) 0.82 -> 0.85, its third launch of four;
+    # and, with no concurrent figure to anchor it, (6, 2, 13) 0.82 -> 0.83 for a draw of its noise).
+    study = optuna.create_study(directions=["maximize"], sampler=make_sampler("model", 0, n_objectives=1))
+    study.set_metric_names(["single_tps"])
+    for _ in range(8):
+        trial = study.ask()
+        p = suggest(trial, SPACE, Params())
+        trial.set_user_attr(record.FLAGS, p.as_dict())
+        ok, values, attrs = _truth(p.speculative_num_steps, p.speculative_eagle_topk, p.speculative_num_draft_tokens, p.mem_fraction_static)
+        if not ok:
+            trial.set_user_attr(record.FAILURE_KIND, "memory_graph")
+            study.tell(trial, state=TrialState.PRUNED)
+            continue
+        for k, v in attrs.items():
+            trial.set_user_attr(k, v)
+        study.tell(trial, [values[0]])
+    notes = [str(t.user_attrs.get(record.MODEL_NOTE, "")) for t in study.trials]
+    assert not any(n.startswith("model: a reserve probe") for n in notes), notes
+    shapes = [(t.params["speculative_num_steps"], t.params["speculative_eagle_topk"], t.params.get("speculative_num_draft_tokens"))
+              for t in study.trials]
+    assert len(set(shapes)) == len(shapes), shapes
+
+
 def test_a_two_rank_server_holds_a_request_of_each_ranks_own_pool():
     # DP attention: each rank has its own KV pool and slots, and a request cannot span ranks.  The
     # record keeps the running requests summed over ranks and rank 0's token capacity; with 32k-token
