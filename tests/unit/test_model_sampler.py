@@ -130,7 +130,8 @@ def _study(sampler):
     return study
 
 
-def _run_one(study, *, tell=True):
+def _run_one(study, *, tell=True, pick=None):
+    """One trial of `study` on `_truth`; `pick` maps its three values to the study's objectives."""
     trial = study.ask()
     p = suggest(trial, SPACE, Params())
     trial.set_user_attr(record.FLAGS, p.as_dict())
@@ -143,7 +144,7 @@ def _run_one(study, *, tell=True):
     else:
         for k, v in attrs.items():
             trial.set_user_attr(k, v)
-        study.tell(trial, values)
+        study.tell(trial, pick(values) if pick else values)
     return trial, p
 
 
@@ -549,17 +550,7 @@ def test_a_study_of_single_stream_speed_takes_no_reserve_probe_nor_a_measured_sh
     study = optuna.create_study(directions=["maximize"], sampler=make_sampler("model", 0, n_objectives=1))
     study.set_metric_names(["single_tps"])
     for _ in range(8):
-        trial = study.ask()
-        p = suggest(trial, SPACE, Params())
-        trial.set_user_attr(record.FLAGS, p.as_dict())
-        ok, values, attrs = _truth(p.speculative_num_steps, p.speculative_eagle_topk, p.speculative_num_draft_tokens, p.mem_fraction_static)
-        if not ok:
-            trial.set_user_attr(record.FAILURE_KIND, "memory_graph")
-            study.tell(trial, state=TrialState.PRUNED)
-            continue
-        for k, v in attrs.items():
-            trial.set_user_attr(k, v)
-        study.tell(trial, [values[0]])
+        _run_one(study, pick=lambda values: [values[0]])
     notes = [str(t.user_attrs.get(record.MODEL_NOTE, "")) for t in study.trials]
     assert not any(n.startswith("model: a reserve probe") for n in notes), notes
     shapes = [(t.params["speculative_num_steps"], t.params["speculative_eagle_topk"], t.params.get("speculative_num_draft_tokens"))
