@@ -106,6 +106,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
         self._base = None
         self._decisions: dict[tuple[str, int], Decision] = {}
         self._random = optuna.samplers.RandomSampler(seed=seed)  # redraws of a spent chain (_spent)
+        self._memory_cache: tuple = (None, None)  # (finished trials, their memory model): _memory
 
     # -- wiring --
     def bind_space(self, space, base) -> None:
@@ -228,7 +229,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
         if not values:
             return None
         trials = study.get_trials(deepcopy=False)
-        memory = M.fit_memory(trials)
+        memory = self._memory(study, trials)
         if memory is None:
             if any(t.state == TrialState.COMPLETE for t in trials):
                 return None
@@ -244,6 +245,15 @@ class ModelSampler(optuna.samplers.BaseSampler):
         d.note += f"; mem_fraction_static {values[i]:g}: {why} (P(start) {p:.2f})"
         d.prediction = {"p_start": round(p, 3)}
         return values[i]
+
+    def _memory(self, study, trials: list[FrozenTrial]) -> M.Memory | None:
+        """The memory model of the study's finished launches, fitted once for them: a fallback
+        trial asks it for the probe, each candidate value `_spent` checks (up to a few dozen) and
+        the fraction."""
+        key = (study.study_name, tuple(t.number for t in trials if t.state.is_finished()))
+        if self._memory_cache[0] != key:
+            self._memory_cache = (key, M.fit_memory(trials))
+        return self._memory_cache[1]
 
     def _spent(self, study, params: dict) -> bool:
         """Whether a shape the fallback sampler proposes is no use to launch: a tree a shallower
@@ -271,7 +281,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
                                             for c, ok in launched.items())
             return shape not in set(shapes) or below
         mine = [sh for sh in shapes if sh[:2] == (steps, topk)]
-        memory = M.fit_memory(trials)
+        memory = self._memory(study, trials)
         if not mine or memory is None:
             return not mine
         choice = _fraction_for(memory, trials, self._shape_of(params), values, self._first_p)
@@ -290,7 +300,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
         finished = [t for t in trials if t.state.is_finished()]
         if finished and str(finished[-1].user_attrs.get(record.MODEL_NOTE, "")).startswith("model: a reserve probe"):
             return None  # every other trial: the default sampler's shapes are the search
-        memory = M.fit_memory(trials)
+        memory = self._memory(study, trials)
         ls = M.launches(trials, None)
         if memory is None or not _memory_uncertain(memory) or _failed_launches(ls) >= _PROBE_FAILURES:
             return None
