@@ -156,12 +156,21 @@ def test_requests_beyond_max_running_requests_queue(start_emulator):
     threads = [threading.Thread(target=lambda: httpx.post(emu.url + "/generate", json=body, timeout=60)) for _ in range(5)]
     for t in threads:
         t.start()
-    load = wait_until(lambda: (lambda l: l if l["num_running_reqs"] + l["num_waiting_reqs"] == 5 else None)(
-        httpx.get(emu.url + "/v1/loads").json()["loads"][0]), what="all five requests in")
+    # Requests that arrive between two scheduler steps wait until the next one admits them (one running,
+    # four waiting is a real moment on a busy machine), so poll for the settled state, and check that
+    # no moment on the way ran more than the cap.
+    running_seen: list[int] = []
+
+    def settled():
+        load = httpx.get(emu.url + "/v1/loads").json()["loads"][0]
+        running_seen.append(load["num_running_reqs"])
+        return (load["num_running_reqs"], load["num_waiting_reqs"]) == (2, 3)
+
+    wait_until(settled, timeout=60, what="two requests running and three waiting")
     httpx.post(emu.url + "/flush_cache")
     for t in threads:
         t.join()
-    assert load["num_running_reqs"] == 2 and load["num_waiting_reqs"] == 3
+    assert max(running_seen) == 2
 
 
 @pytest.mark.parametrize(
