@@ -696,3 +696,25 @@ def test_a_study_the_model_cannot_rank_still_launches_where_its_memory_model_say
     assert probes  # the edge is learned by probes of front shapes, as the model sampler's own studies do
     _, _, walked = _slo_study("edge")
     assert walked.count(False) >= 2  # the landscape's premise: the walk from the top fails here
+
+
+def test_a_study_that_leaves_the_fraction_to_the_server_launches_no_tree_the_chain_beats_nor_a_shape_twice():
+    # Without mem_fraction_static in [space] the shapes are the default sampler's draws; on the
+    # demo such a study launched (3, 2, 2), which the chain (1, 1, 2) beats by construction.
+    space = SpaceConfig.model_validate({k: v for k, v in SPACE.model_dump(exclude_none=True).items() if k != "mem_fraction_static"})
+    for seed in range(5):
+        study = _study(make_sampler("model", seed, n_objectives=3))
+        shapes = []
+        for _ in range(10):
+            trial = study.ask()
+            p = suggest(trial, space, Params())
+            trial.set_user_attr(record.FLAGS, p.as_dict())
+            shape = (p.speculative_num_steps, p.speculative_eagle_topk, p.speculative_num_draft_tokens or p.speculative_num_steps + 1)
+            shapes.append(shape)
+            ok, values, attrs = _truth(*shape, 0.85)  # the server's own fraction
+            for k, v in attrs.items():
+                trial.set_user_attr(k, v)
+            study.tell(trial, values)
+        assert len(set(shapes)) == len(shapes), (seed, shapes)
+        trees = [(s, d) for s, k, d in shapes if k > 1]
+        assert all(s <= d - 1 and d > 2 for s, d in trees), (seed, shapes)

@@ -267,12 +267,20 @@ class ModelSampler(optuna.samplers.BaseSampler):
         tests/unit/test_model_sampler.py's `_slo_study`), and launched (5, 4, 4) in an SLO study,
         which verifies what (3, 4, 4) does."""
         steps, topk = params.get("speculative_num_steps"), params.get("speculative_eagle_topk")
-        if steps is None or self._space is None or self._space.mem_fraction_static is None:
+        if steps is None or self._space is None:
             return False
         shapes, values = self._candidates({})
         if topk is None:  # steps alone: every topk of them spent
             return all(self._spent(study, {**params, "speculative_eagle_topk": k}) for k in sorted({sh[1] for sh in shapes}))
         trials = study.get_trials(deepcopy=False)
+        if self._space.mem_fraction_static is None:
+            # The server's own fraction for every launch: a launched shape again is a duplicate.
+            # Why: a study searching the shape alone drew (3, 2, 2), which the chain (1, 1, 2)
+            # beats by construction, in its first four launches on the demo.
+            done = {M._shape_of(t.user_attrs.get(record.FLAGS) or t.params) for t in trials if t.state.is_finished()}
+            if topk != 1 and params.get("speculative_num_draft_tokens") is not None:
+                return self._shape_of(params) not in set(shapes) or M.Shape(*self._shape_of(params)) in done
+            return all(M.Shape(*sh) in done for sh in shapes if sh[:2] == (steps, topk))
         launched = {c: t.state == TrialState.COMPLETE for t in trials if t.state.is_finished() and (c := _config(t)) is not None}
         if topk != 1 and params.get("speculative_num_draft_tokens") is not None:  # the draft count too
             shape, mfs = self._shape_of(params), params.get("mem_fraction_static")
