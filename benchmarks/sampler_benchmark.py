@@ -60,7 +60,7 @@ import sys
 import time
 import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -106,6 +106,22 @@ CAPTURE_RESERVE: float | None = None
 MEMORY_JITTER: float | None = None
 TARGET = 0.95  # the acceptance bar: >= 95% of the exhaustive HV at 20 trials
 OBJECTIVES = ("single_tps", "concurrent_tps", "capacity")
+# --request-class: the study's first objective is one request class's single-stream rate
+# (`single_tps:<class>`), its truth the landscape's expectation for that class's prompts; the
+# trials record the mix's rate as the tuner does (single_tps_runs), and the model predicts the
+# class as the mix times a fitted ratio.  The classes move what the emulator moves per request:
+# context length (acceptance drops per doubling past the reference, attention costs each verify
+# token more) and category (code drafts easier, creative text harder).
+CLASS_WORKLOADS: dict[str, dict[str, Any]] = {
+    "long_context": {"prompt_tokens": 16_000},
+    "code": {"category": "code"},
+    "creative": {"category": "creative"},
+}
+REQUEST_CLASS: str | None = None
+
+
+def objectives() -> tuple[str, ...]:
+    return ((f"single_tps:{REQUEST_CLASS}",) + OBJECTIVES[1:]) if REQUEST_CLASS else OBJECTIVES
 
 
 # --- Hypervolume ------------------------------------------------------------------------------
@@ -330,28 +346,40 @@ class Landscape:
     front: dict[tuple, np.ndarray]  # the exhaustive front: config key -> normalised true values
     # The concurrent phase's own prompts, when they differ from the single stream's (`workload`).
     concurrent_workload: L.Workload | None = None
+    # --request-class: the class's prompts (the table's single_tps is theirs) and, per config,
+    # the mix's single-stream rate, which the trials record.
+    class_workload: L.Workload | None = None
+    mix_single: dict[tuple, float] = field(default_factory=dict)
 
     def expect(self, p: Params) -> L.Expectation:
         k = _key(p)
         e = self.table.get(k)
         if e is None:  # off the grid (an enqueued value, say): ask the model
-            e = _expect(self.profile, self.spec.algorithm, p, self.workload, self.concurrent_workload)
+            e, self.mix_single[k] = _expect(self.profile, self.spec.algorithm, p, self.workload, self.concurrent_workload,
+                                            self.class_workload)
             self.table[k] = e
         return e
 
 
 def _expect(profile: M.Profile, algorithm: str, p: Params, workload: L.Workload,
-            concurrent_workload: L.Workload | None = None) -> L.Expectation:
-    """The model's values for `p`; with `concurrent_workload`, single_tps from `workload`'s
-    prompts and concurrent_tps from the concurrent phase's (a benchmark sends different ones)."""
+            concurrent_workload: L.Workload | None = None,
+            class_workload: L.Workload | None = None) -> tuple[L.Expectation, float]:
+    """The model's values for `p`, and the mix's single-stream rate; with `concurrent_workload`,
+    single_tps from `workload`'s prompts and concurrent_tps from the concurrent phase's (a
+    benchmark sends different ones); with `class_workload`, single_tps is that class's."""
     def one(w: L.Workload) -> L.Expectation:
         return L.expect(profile, steps=p.speculative_num_steps, topk=p.speculative_eagle_topk,
                         draft_tokens=p.speculative_num_draft_tokens, mem_fraction_static=p.mem_fraction_static,
                         workload=w, algorithm=algorithm)
     e = one(workload)
-    if concurrent_workload is None or not e.feasible:
-        return e
-    return replace(e, concurrent_tps=one(concurrent_workload).concurrent_tps)
+    mix = e.single_tps
+    if not e.feasible:
+        return e, mix
+    if concurrent_workload is not None:
+        e = replace(e, concurrent_tps=one(concurrent_workload).concurrent_tps)
+    if class_workload is not None:
+        e = replace(e, single_tps=one(class_workload).single_tps)
+    return e, mix
 
 
 def _space(spec: LandscapeSpec) -> tuple[SpaceConfig, Params]:
@@ -409,10 +437,12 @@ def landscape(name: str, *, prompts: tuple[L.Workload, L.Workload] | None = None
     concurrent_workload = None
     if prompts is not None:
         workload, concurrent_workload = prompts
+    class_workload = replace(workload, **CLASS_WORKLOADS[REQUEST_CLASS]) if REQUEST_CLASS else None
     table: dict[tuple, L.Expectation] = {}
+    mix_single: dict[tuple, float] = {}
     failures: dict[str, int] = {}
     for p in grid(space, base):
-        e = _expect(profile, spec.algorithm, p, workload, concurrent_workload)
+        e, mix_single[_key(p)] = _expect(profile, spec.algorithm, p, workload, concurrent_workload, class_workload)
         table[_key(p)] = e
         failures[e.failure or "ok"] = failures.get(e.failure or "ok", 0) + 1
     values = np.array([e.values() for e in table.values() if e.feasible])
@@ -425,7 +455,7 @@ def landscape(name: str, *, prompts: tuple[L.Workload, L.Workload] | None = None
     keys = [k for k, e in table.items() if e.feasible]
     front_configs = {keys[i]: norm[i] for i in np.flatnonzero(~dominated)}
     lands = Landscape(spec, profile, space, base, workload, table, scale, hv3(front), len(front), failures,
-                      _warm_start(profile, space), front_configs, concurrent_workload)
+                      _warm_start(profile, space), front_configs, concurrent_workload, class_workload, mix_single)
     _CACHE[key] = lands
     return lands
 
@@ -637,6 +667,8 @@ def _server_attrs(lands: Landscape, e: L.Expectation, p: Params, seed: int) -> d
                          "graph": {name: round(v, 2) for name, v in plan.graph_gib.items()},
                          "cuda_graph_max_bs": graph_max_bs},  # /server_info's, kept by record.memory_usage
     }
+    if REQUEST_CLASS:  # the mix's rate, as record.SINGLE_TPS_RUNS holds it (one pass; its own noise draw)
+        attrs["single_tps_runs"] = [round(lands.mix_single[k] * (1 + rng.normal(0, NOISE[0])), 2)]
     if SGLANG_VERSION == "0.5.9":  # get_internal_state: no startup_available, one graph figure
         usage = attrs["memory_usage"]
         del usage["startup_available"]
@@ -666,7 +698,7 @@ def simulate(landscape_name: str, candidate_name: str, seed: int, n_trials: int 
     t0 = time.perf_counter()
     n_trials = n_trials or max(BUDGETS)
     study = optuna.create_study(directions=["maximize"] * 3, sampler=cand.make(seed))
-    study.set_metric_names(list(OBJECTIVES))
+    study.set_metric_names(list(objectives()))
     if cand.warm_start:
         warm = dict(lands.warm_start)
         if cand.warm_start.startswith("shape"):
@@ -1011,6 +1043,11 @@ def render(cells: dict[str, Any], meta: dict[str, Any], lands_info: dict[str, An
                f"`H200_SPACE` = {json.dumps(H200_SPACE)}. A run replays tuner/study.py's trial loop with "
                "`ask`/`tell` (suggest -> history.check -> expect -> tell); HV counts the true values of the configs "
                "its COMPLETE trials measured.")
+    if meta.get("request_class"):
+        cls = meta["request_class"]
+        out.append("")
+        out.append(f"Objectives: `single_tps:{cls}` (the class's prompts: {json.dumps(CLASS_WORKLOADS[cls])} over the demo's; "
+                   "the trials record the mix's single_tps_runs as the tuner does), concurrent_tps, capacity (`--request-class`).")
     out.append("")
     out += _verdict(cells, main, pert)
     if family:
@@ -1125,6 +1162,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--memory-jitter", type=float, metavar="GIB",
                     help="an unreported per-launch need of the capture beyond the reserve, half-normal with this "
                          "std in GiB (e.g. 0.3): launches near the edge fail now and then, as on a real server")
+    ap.add_argument("--request-class", choices=sorted(CLASS_WORKLOADS),
+                    help="score single_tps of one request class (single_tps:<class>) instead of the mix's")
     ap.add_argument("--noise", metavar="SINGLE[,CONCURRENT]",
                     help="relative std of the throughput measurements (default 0.015 for both), e.g. 0.03,0.06 "
                          "for the scatter the live studies measure")
@@ -1144,8 +1183,9 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--noise {args.noise}: give one or two relative stds, e.g. 0.03 or 0.03,0.06")
         if not all(0 <= x < 0.5 for x in NOISE):
             ap.error(f"--noise {args.noise}: each std is a share between 0 and 0.5, e.g. 0.03,0.06")
-    global SGLANG_VERSION
+    global SGLANG_VERSION, REQUEST_CLASS
     SGLANG_VERSION = args.sglang_version  # the workers are forked after this and inherit it
+    REQUEST_CLASS = args.request_class
     if args.capture_reserve is not None:
         if not 0.0 <= args.capture_reserve < 0.5:
             ap.error(f"--capture-reserve {args.capture_reserve}: give a share of the card between 0 and 0.5, e.g. 0.12")
@@ -1217,7 +1257,7 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - t0
 
     cells = summarise(runs, [s.name for s in lands], [c.name for c in cands])
-    meta = {"seeds": seeds, "first_seed": args.first_seed, "sglang_version": SGLANG_VERSION, "capture_reserve": CAPTURE_RESERVE, "memory_jitter": MEMORY_JITTER, "budgets": list(BUDGETS), "noise": list(NOISE), "wall_s": wall, "jobs": args.jobs,
+    meta = {"seeds": seeds, "first_seed": args.first_seed, "sglang_version": SGLANG_VERSION, "capture_reserve": CAPTURE_RESERVE, "memory_jitter": MEMORY_JITTER, "request_class": REQUEST_CLASS, "budgets": list(BUDGETS), "noise": list(NOISE), "wall_s": wall, "jobs": args.jobs,
             "optuna": optuna.__version__, "numpy": np.__version__, "python": platform.python_version(),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores"}
     if importlib.util.find_spec("torch") is not None:

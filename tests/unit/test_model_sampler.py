@@ -698,6 +698,59 @@ def test_a_study_the_model_cannot_rank_still_launches_where_its_memory_model_say
     assert walked.count(False) >= 2  # the landscape's premise: the walk from the top fails here
 
 
+def _long_context(steps, topk, draft):
+    """A long-context class's rate over the mix's: 0.6x everywhere, less for each verify token
+    (attention over a long context costs every draft token, so wide trees lose their gain first)."""
+    return 0.6 / (1 + 0.04 * (draft - 1))
+
+
+def _class_study(seed: int, trials: int = 8) -> optuna.Study:
+    """A study of single_tps:long_context (with concurrent_tps and capacity) on `_truth`; each
+    trial records the mix's single-stream rate as the tuner does (single_tps_runs)."""
+    study = optuna.create_study(directions=["maximize"] * 3, sampler=make_sampler("model", seed, n_objectives=3))
+    study.set_metric_names(["single_tps:long_context", "concurrent_tps", "capacity"])
+    for _ in range(trials):
+        trial = study.ask()
+        p = suggest(trial, SPACE, Params())
+        trial.set_user_attr(record.FLAGS, p.as_dict())
+        shape = (p.speculative_num_steps, p.speculative_eagle_topk, p.speculative_num_draft_tokens or p.speculative_num_steps + 1)
+        ok, values, attrs = _truth(*shape, p.mem_fraction_static)
+        if not ok:
+            trial.set_user_attr(record.FAILURE_KIND, "memory_graph")
+            study.tell(trial, state=TrialState.PRUNED)
+            continue
+        for k, v in {**attrs, record.SINGLE_TPS_RUNS: [values[0]]}.items():
+            trial.set_user_attr(k, v)
+        study.tell(trial, [values[0] * _long_context(*shape), values[1], values[2]])
+    return study
+
+
+def test_a_request_class_objective_is_ranked_by_the_model_as_the_mix_times_its_fitted_ratio():
+    # A study of one class's speed (what a long-context user sees) was TPE's draws: "model
+    # sampler off: it does not predict single_tps:long_context".  The model predicts it as the
+    # mix's rate times the class's ratio, fitted on the launches as a line in the shape.
+    from tuner.search.model_sampler import predicted_front
+
+    names = ["single_tps:long_context", "concurrent_tps", "capacity"]
+    for seed in range(3):
+        study = _class_study(seed)
+        notes = [t.user_attrs[record.MODEL_NOTE] for t in study.trials]
+        assert all(n.startswith("model:") for n in notes), (seed, notes)
+        model, why = M.fit(study.get_trials(), names)
+        assert model is not None, why
+        launched = {(t.params["speculative_num_steps"], t.params["speculative_eagle_topk"],
+                     t.params.get("speculative_num_draft_tokens", t.params["speculative_num_steps"] + 1)) for t in study.trials}
+        unseen = [(s, k, d) for s in range(1, 5) for k in (1, 2) for d in range(2, 9)
+                  if (k == 1 and d == s + 1 or k == 2 and s + 1 < d <= 2 * s + 1) and (s, k, d) not in launched]
+        steps, topk, draft = (list(x) for x in zip(*unseen))
+        mids, sds = model.predict(steps, topk, draft, [0.85] * len(unseen), names).columns(names)
+        truth = np.array([_truth(*shape, 0.85)[1][0] * _long_context(*shape) for shape in unseen])
+        assert np.all(np.abs(mids[:, 0] / truth - 1) < 0.05), (seed, list(zip(unseen, mids[:, 0].round(1), truth.round(1))))
+        assert np.all(sds[:, 0] > 0)  # an unlaunched shape's figure is a prediction, with its doubt
+    header, rows, _ = predicted_front(study, SPACE, Params())
+    assert header[4] == "single_tps:long_context" and rows
+
+
 def test_a_study_that_leaves_the_fraction_to_the_server_launches_no_tree_the_chain_beats_nor_a_shape_twice():
     # Without mem_fraction_static in [space] the shapes are the default sampler's draws; on the
     # demo such a study launched (3, 2, 2), which the chain (1, 1, 2) beats by construction.

@@ -52,7 +52,7 @@ from scipy.stats import norm
 from tuner.results import record
 
 __all__ = ["Shape", "Launch", "launches", "reach_from_histogram", "pooled_depth_rates", "tree_reach",
-           "memory_line", "Model", "fit", "Prediction"]
+           "memory_line", "Model", "fit", "Prediction", "class_base"]
 
 _KNEES = (32.0, 64.0, 128.0, 192.0, 256.0, 384.0, 512.0, 768.0, 1024.0, 2048.0, 1e9)
 _MEM_FAILURES = ("memory_graph", "memory_runtime")
@@ -130,7 +130,7 @@ def launches(trials: list[FrozenTrial], metric_names: list[str] | None) -> list[
         if shape is None or mfs is None:
             continue
         if t.state == TrialState.COMPLETE and t.values is not None:
-            values = dict(zip(metric_names or [], t.values))
+            values = {**_mix_values(attrs, metric_names or []), **dict(zip(metric_names or [], t.values))}
             out.append(Launch(shape, float(mfs), "ok", values, dict(attrs)))
         elif t.state in (TrialState.PRUNED, TrialState.FAIL):
             kind = attrs.get(record.FAILURE_KIND)
@@ -138,6 +138,21 @@ def launches(trials: list[FrozenTrial], metric_names: list[str] | None) -> list[
             out.append(Launch(shape, float(mfs), state, {}, dict(attrs)))
         elif t.state == TrialState.RUNNING:
             out.append(Launch(shape, float(mfs), "other", {}, dict(attrs), running=True))
+    return out
+
+
+def _mix_values(attrs: dict, names: list[str]) -> dict[str, float]:
+    """The mix's single_tps and concurrent_tps from a trial's record, where the study scores a
+    class objective of them and not the mix's own: the model fits its step time on the mix and
+    predicts a class as a ratio to it (ClassRatio)."""
+    out: dict[str, float] = {}
+    bases = {class_base(n) for n in names} - {None}
+    runs = attrs.get(record.SINGLE_TPS_RUNS)
+    if "single_tps" in bases and runs:
+        out["single_tps"] = float(np.mean(runs))  # measure/phases.py · single_phase: their mean
+    levels = attrs.get(record.CONCURRENT_TPS_BY_LEVEL) or {}
+    if "concurrent_tps" in bases and levels and next(iter(levels.values())):
+        out["concurrent_tps"] = float(next(iter(levels.values())))  # the first level's, as objectives/concurrent_tps
     return out
 
 
@@ -1062,15 +1077,27 @@ class Prediction:
     accept: np.ndarray
     sd: np.ndarray  # (n, 3): log-space std of the three objectives
     p_start: np.ndarray
+    # Objectives of one request class (`single_tps:<class>`, `concurrent_tps:<class>`): name ->
+    # (median, log-space std), the mix's figure times the class's fitted ratio (ClassRatio).
+    classes: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+    def columns(self, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(medians, log-space stds), one column per objective name, in the study's order."""
+        cols = {**self._own(), **self.classes}
+        return np.stack([cols[n][0] for n in names], axis=1), np.stack([cols[n][1] for n in names], axis=1)
+
+    def _own(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        return {"single_tps": (self.single, self.sd[:, 0]), "concurrent_tps": (self.concurrent, self.sd[:, 1]),
+                "capacity": (self.capacity, self.sd[:, 2])}
 
     def interval(self, i: int, z: float = 1.64) -> dict[str, list[float]]:
         """90% intervals of candidate i, for reports."""
         out = {}
-        for j, (name, mid) in enumerate((("single_tps", self.single), ("concurrent_tps", self.concurrent), ("capacity", self.capacity))):
+        for name, (mid, spread) in {**self._own(), **self.classes}.items():
             m = float(mid[i])
             # The sampler's sd leaves out the noise an anchored shape shares with its measured
             # point (predict); a launch of it would still see that noise, so a report shows it.
-            sd = max(float(self.sd[i, j]), REPORT_NOISE)
+            sd = max(float(spread[i]), REPORT_NOISE)
             lo, hi = m * math.exp(-z * sd), m * math.exp(z * sd)
             # Capacity counts requests: whole numbers, as the server's own figure is.
             out[name] = [math.floor(lo), math.floor(m), math.floor(hi)] if name == "capacity" else [round(lo, 1), round(m, 1), round(hi, 1)]
@@ -1097,8 +1124,21 @@ class Model:
     # token capacity rank 0's (record.memory_usage), so capacity is ranks x min(running per rank,
     # one rank's tokens // request_tokens), as the tuner measures it (contract: capacity).
     ranks: int = 1
+    # Objectives of one request class: name -> its ratio to the mix's figure (ClassRatio).
+    classes: dict[str, "ClassRatio"] = field(default_factory=dict)
 
-    def predict(self, steps, topk, draft, mfs) -> Prediction:
+    def predict(self, steps, topk, draft, mfs, names: list[str] | None = None) -> Prediction:
+        """Every candidate's prediction; with `names`, also the class objectives among them."""
+        pred = self._predict(steps, topk, draft, mfs)
+        for name in names or []:
+            ratio = self.classes.get(name)
+            if ratio is not None:
+                mid, sd = pred._own()[ratio.base]
+                r, r_sd = ratio.log_ratio(self.acceptance, steps, topk, draft)
+                pred.classes[name] = (mid * np.exp(r), np.hypot(sd, r_sd))
+        return pred
+
+    def _predict(self, steps, topk, draft, mfs) -> Prediction:
         steps, topk, draft, mfs = (np.atleast_1d(np.asarray(v)) for v in (steps, topk, draft, mfs))
         cache: dict[tuple, float] = {}
         for key in zip(steps.tolist(), topk.tolist(), draft.tolist()):
@@ -1240,6 +1280,12 @@ def fit(trials: list[FrozenTrial], metric_names: list[str] | None) -> tuple[Mode
     model.ranks = max((len(x.attrs.get(record.DP_RANKS) or ()) for x in ok), default=1) or 1
     model.fit_error = _fit_error(model, ok)
     model.anchors = _anchors(model, ok)
+    for name in metric_names or []:
+        if class_base(name) is not None:
+            ratio = _fit_class_ratio(model, ok, name)
+            if ratio is None:
+                return None, f"no launch measured both {name} and {class_base(name)}"
+            model.classes[name] = ratio
     return model, "fitted on %d launches" % len(ls)
 
 
@@ -1279,3 +1325,72 @@ def _fit_error(model: Model, ok: list[Launch]) -> float:
             if x.values.get(name):
                 errs.append(math.log(pred[i] / x.values[name]))
     return float(np.sqrt(np.mean(np.square(errs)))) if errs else 0.0
+
+
+# --- objectives of one request class ------------------------------------------------------------
+
+
+def class_base(name: str) -> str | None:
+    """The mix's figure a class objective is a share of: `single_tps:<class>` -> single_tps,
+    `concurrent_tps:<class>` -> concurrent_tps; None for any other name (at a level, `@`, the
+    batch is not the one the model predicts)."""
+    head, sep, cls = name.partition(":")
+    return head if sep and cls and head in ("single_tps", "concurrent_tps") else None
+
+
+# Prior std of the weights of log(class / mix): the intercept (a class 2.7x faster or slower is
+# within one sd), the slopes in log accept length and in draft tokens / 8.
+_CLASS_PRIOR = np.array([1.0, 0.5, 0.5])
+_CLASS_NOISE = 0.05  # log-space std of one launch's ratio: a class's few requests, and the mix's
+
+
+def _class_features(acceptance: Acceptance, steps, topk, draft) -> np.ndarray:
+    steps, topk, draft = (np.atleast_1d(np.asarray(v)).astype(int) for v in (steps, topk, draft))
+    accept = {k: acceptance.accept(Shape(*k)) for k in set(zip(steps.tolist(), topk.tolist(), draft.tolist()))}
+    log_accept = np.log([accept[k] for k in zip(steps.tolist(), topk.tolist(), draft.tolist())])
+    return np.stack([np.ones(len(steps)), log_accept, draft / 8.0], axis=1)
+
+
+@dataclass
+class ClassRatio:
+    """A request class's figure over the mix's, log(class / mix), as a line in a shape's features:
+    an intercept (the class is faster or slower everywhere), a slope in log accept length (a
+    category whose drafts are easier gains more on deep shapes: `Acceptance.category_shifts` in
+    the emulator), a slope in draft tokens (long context costs a wide verify more attention, and
+    shrinks a wide tree's gain first).  Bayesian linear regression with a prior on each weight:
+    one launch moves the intercept only, launches of other shapes pin the slopes, and the
+    posterior's spread is the doubt at an unlaunched shape.  Why numpy's closed form and not a
+    library: three weights and a fixed prior (scikit-learn's BayesianRidge would also be a new
+    dependency, and it estimates the prior from a handful of points).  A launched shape is
+    predicted from its own measured ratio (as Model.anchors)."""
+
+    base: str  # "single_tps" | "concurrent_tps"
+    mean: np.ndarray
+    cov: np.ndarray
+    anchors: dict  # Shape -> mean measured log ratio
+
+    def log_ratio(self, acceptance: Acceptance, steps, topk, draft) -> tuple[np.ndarray, np.ndarray]:
+        phi = _class_features(acceptance, steps, topk, draft)
+        mid = phi @ self.mean
+        sd = np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", phi, self.cov, phi), 0.0))
+        for i, key in enumerate(zip(*(np.atleast_1d(np.asarray(v)).astype(int).tolist() for v in (steps, topk, draft)))):
+            anchor = self.anchors.get(Shape(*key))
+            if anchor is not None:
+                mid[i], sd[i] = anchor, _SAME
+        return mid, sd
+
+
+def _fit_class_ratio(model: Model, ok: list[Launch], name: str) -> ClassRatio | None:
+    base = class_base(name)
+    rows = [x for x in ok if (x.values.get(name) or 0) > 0 and (x.values.get(base) or 0) > 0]
+    if not rows:
+        return None
+    r = np.array([math.log(x.values[name] / x.values[base]) for x in rows])
+    phi = _class_features(model.acceptance, [x.shape.steps for x in rows], [x.shape.topk for x in rows], [x.shape.draft for x in rows])
+    precision = phi.T @ phi / _CLASS_NOISE**2 + np.diag(1 / _CLASS_PRIOR**2)
+    cov = np.linalg.inv(precision)
+    mean = cov @ phi.T @ r / _CLASS_NOISE**2
+    anchors: dict[Shape, list[float]] = {}
+    for x, value in zip(rows, r):
+        anchors.setdefault(x.shape, []).append(float(value))
+    return ClassRatio(base, mean, cov, {shape: float(np.mean(v)) for shape, v in anchors.items()})

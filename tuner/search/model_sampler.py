@@ -183,8 +183,8 @@ class ModelSampler(optuna.samplers.BaseSampler):
         if self._space is None or self._space.mem_fraction_static is None:
             return Decision(fallback=True, note="model sampler off: mem_fraction_static is not searched; the default sampler chose")
         names = list(study.metric_names or PREDICTED[: len(study.directions)])
-        if not set(names) <= set(PREDICTED):
-            other = ", ".join(sorted(set(names) - set(PREDICTED)))
+        if not _predictable(names):
+            other = ", ".join(sorted(n for n in names if n not in PREDICTED and M.class_base(n) is None))
             return self._fallback_probe(study, fixed) or \
                 Decision(fallback=True, note=f"model sampler off: it does not predict {other}; the default sampler chose")
         shapes, mfs_values = self._candidates(fixed)
@@ -369,7 +369,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
     def _best(self, trials, model: M.Model, names: list[str], shapes, mfs_values) -> Decision:
         # Highest fraction first: among equal gains argmax keeps the larger KV pool.
         cand = np.array([(*s, m) for s in shapes for m in reversed(mfs_values)], dtype=float)
-        pred = model.predict(cand[:, 0].astype(int), cand[:, 1].astype(int), cand[:, 2].astype(int), cand[:, 3])
+        pred = model.predict(cand[:, 0].astype(int), cand[:, 1].astype(int), cand[:, 2].astype(int), cand[:, 3], names)
         # A shape's first start goes where it starts with high confidence (the upper bound of its
         # graph memory, below every failure of it); raising its fraction later is a launch of its own,
         # worth it only if the expected gain says so.
@@ -382,9 +382,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
         if not allowed.any():
             return Decision(fallback=True, note="the model rules out every remaining configuration of the space "
                                                 "(measured, ruled out, or unlikely to start); the default sampler chose")
-        cols = [PREDICTED.index(n) for n in names]
-        mids = np.stack([pred.single, pred.concurrent, pred.capacity], axis=1)[:, cols]
-        sds = pred.sd[:, cols]
+        mids, sds = pred.columns(names)
         measured = np.array([t.values for t in trials if t.state == TrialState.COMPLETE and t.values], dtype=float)
         pending = _pending(cand, trials)
         front = np.concatenate([measured.reshape(-1, len(names)), mids[pending]])
@@ -595,6 +593,13 @@ def _memory_uncertain(memory: M.Memory) -> bool:
     return hi - lo > _RESERVE_KNOWN * memory.pre
 
 
+def _predictable(names: list[str]) -> bool:
+    """Whether the model predicts every objective: its own three, and single_tps or
+    concurrent_tps of one request class (`single_tps:long_context`: the mix's figure times the
+    class's fitted ratio, model.ClassRatio)."""
+    return all(n in PREDICTED or M.class_base(n) is not None for n in names)
+
+
 def _pool_matters(names: list[str]) -> bool:
     """Whether an objective moves with the static pool (running requests, the batch a level
     runs at): capacity, slo_capacity, concurrent_tps (any level or class).  A reserve probe
@@ -731,8 +736,8 @@ def predicted_front(study: optuna.Study, space, base, *, near: float = 0.02, lim
     within `near` of it (likely to start: P >= 0.5), with 90% intervals: (header, rows, note)."""
     names = list(study.metric_names or [])
     trials = study.get_trials(deepcopy=False)
-    if not names or not set(names) <= set(PREDICTED) or space.mem_fraction_static is None:
-        return [], [], "the model predicts only single_tps, concurrent_tps and capacity over a searched mem fraction"
+    if not names or not _predictable(names) or space.mem_fraction_static is None:
+        return [], [], "the model predicts only single_tps, concurrent_tps (also per request class) and capacity over a searched mem fraction"
     model, why = M.fit(trials, names)
     if model is None:
         return [], [], f"no model: {why}"
@@ -740,9 +745,8 @@ def predicted_front(study: optuna.Study, space, base, *, near: float = 0.02, lim
     sampler.bind_space(space, base)
     shapes, mfs = sampler._candidates({})
     cand = np.array([(*s, m) for s in shapes for m in mfs], dtype=float)
-    pred = model.predict(cand[:, 0].astype(int), cand[:, 1].astype(int), cand[:, 2].astype(int), cand[:, 3])
-    cols = [PREDICTED.index(n) for n in names]
-    mids = np.stack([pred.single, pred.concurrent, pred.capacity], axis=1)[:, cols]
+    pred = model.predict(cand[:, 0].astype(int), cand[:, 1].astype(int), cand[:, 2].astype(int), cand[:, 3], names)
+    mids, _ = pred.columns(names)
     measured = np.array([t.values for t in trials if t.state == TrialState.COMPLETE and t.values], dtype=float).reshape(-1, len(names))
     launched = {c for t in trials if (c := _config(t)) is not None}
     keys = [tuple(int(x) for x in row[:3]) + (round(float(row[3]), 6),) for row in cand]
