@@ -6,6 +6,7 @@ SIGKILL), and print the server's log when a test fails, as GuideLLM's e2e harnes
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import signal
@@ -216,6 +217,38 @@ def wait_until(predicate, *, timeout: float = 30, what: str = "the condition"):
             return value
         time.sleep(0.05)
     raise AssertionError(f"{what} not reached within {timeout} s")
+
+
+def loads_while_streaming(url: str, requests: int, predicate, *, timeout: float = 60, what: str = "the condition"):
+    """Open `requests` streamed /generate requests that cannot finish (far more tokens than any
+    wait takes), poll /v1/loads until `predicate(loads)` returns something truthy (returned), then
+    close the streams (the server drops them: a client gone).  Why: short requests posted from
+    threads made a state that lasted ~1.4-2.7 s (four running on two DP ranks, two running and
+    three queued), which a stalled poll on a loaded machine can miss for good."""
+    body = {"text": "x", "stream": True, "sampling_params": {"max_new_tokens": 100000, "ignore_eos": True}}
+
+    async def consume(client: httpx.AsyncClient) -> None:
+        async with client.stream("POST", url + "/generate", json=body) as response:
+            async for _ in response.aiter_bytes():
+                pass
+
+    async def run():
+        async with httpx.AsyncClient(timeout=120) as client:
+            streams = [asyncio.create_task(consume(client)) for _ in range(requests)]
+            try:
+                deadline = time.monotonic() + timeout
+                while time.monotonic() < deadline:
+                    value = predicate((await client.get(url + "/v1/loads")).json())
+                    if value:
+                        return value
+                    await asyncio.sleep(0.05)
+                raise AssertionError(f"{what} not reached within {timeout} s")
+            finally:
+                for task in streams:
+                    task.cancel()
+                await asyncio.gather(*streams, return_exceptions=True)
+
+    return asyncio.run(run())
 
 
 def wait_serving(port: int, timeout: float = 60) -> None:

@@ -97,11 +97,13 @@ class ControlContract:
         control = self.make_control(tmp_path)
         control.stop_timeout_s = 0.5
         with control:
-            control.start(self.spec("trap '' TERM; while true; do sleep 0.1; done"))
-            wait_for(lambda: control.poll()[0].running)
+            control.start(self.spec("trap '' TERM; echo trapped; while true; do sleep 0.1; done"))
+            # TERM is ignored only once the trap has run: a SIGTERM before it ends the shell and
+            # the test would pass without the escalation.
+            wait_for(lambda: "trapped" in (control.poll()[1] + control.log()))
             started = time.monotonic()
             control.stop()
-            assert time.monotonic() - started < 10
+            assert 0.5 <= time.monotonic() - started < 10  # waited out stop_timeout_s, then SIGKILL
             assert not control.poll()[0].running
 
     def test_restart_replaces_the_previous_server(self, tmp_path):

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from ..conftest import wait_until
+from ..conftest import loads_while_streaming, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -152,24 +152,17 @@ def test_api_key_is_enforced_except_for_health(start_emulator):
 def test_requests_beyond_max_running_requests_queue(start_emulator):
     emu = start_emulator("--speculative-algorithm", "NEXTN", "--max-running-requests", "2", env=FAST)
     emu.wait_healthy()
-    body = {"text": "x", "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}
-    threads = [threading.Thread(target=lambda: httpx.post(emu.url + "/generate", json=body, timeout=60)) for _ in range(5)]
-    for t in threads:
-        t.start()
     # Requests that arrive between two scheduler steps wait until the next one admits them (one running,
     # four waiting is a real moment on a busy machine), so poll for the settled state, and check that
     # no moment on the way ran more than the cap.
     running_seen: list[int] = []
 
-    def settled():
-        load = httpx.get(emu.url + "/v1/loads").json()["loads"][0]
+    def settled(loads):
+        load = loads["loads"][0]
         running_seen.append(load["num_running_reqs"])
         return (load["num_running_reqs"], load["num_waiting_reqs"]) == (2, 3)
 
-    wait_until(settled, timeout=60, what="two requests running and three waiting")
-    httpx.post(emu.url + "/flush_cache")
-    for t in threads:
-        t.join()
+    loads_while_streaming(emu.url, 5, settled, what="two requests running and three waiting")
     assert max(running_seen) == 2
 
 

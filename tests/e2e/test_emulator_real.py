@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from ..conftest import wait_until
+from ..conftest import loads_while_streaming, wait_until
 from tuner.server.client import ServerClient
 
 pytestmark = pytest.mark.e2e
@@ -113,14 +113,8 @@ def test_dp_ranks_report_their_own_capacity(start_emulator, dp_attention):
     assert [entry["dp_rank"] for entry in loads["loads"]] == [0, 1]
     assert loads["num_accelerators"] == (2 if dp_attention else 4)
     # Round-robin dispatch: each rank gets its own share of the batch.
-    body = {"text": "x", "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}
-    workers = [threading.Thread(target=lambda: httpx.post(emu.url + "/generate", json=body, timeout=60)) for _ in range(4)]
-    for w in workers:
-        w.start()
-    running = wait_until(lambda: (lambda r: r if sum(r) == 4 else None)(
-        [entry["num_running_reqs"] for entry in httpx.get(emu.url + "/v1/loads").json()["loads"]]), what="four requests running")
-    for w in workers:
-        w.join()
+    running = loads_while_streaming(emu.url, 4, lambda loads: (lambda r: r if sum(r) == 4 else None)(
+        [entry["num_running_reqs"] for entry in loads["loads"]]), what="four requests running")
     assert running == [2, 2]
 
 

@@ -48,7 +48,8 @@ def test_runs_trials_records_the_contract_and_resumes(tmp_path):
 
 @pytest.mark.parametrize("mfs, reason", [(0.60, "KV cache does not fit in mem_fraction_static at "), (0.97, "CUDA graph capture ran out of memory at ")])
 def test_memory_failures_are_pruned_with_their_reason_in_seconds(tmp_path, mfs, reason):
-    # Loading takes ~1.6 s, the failure comes right after it; the ready timeout is 60 s.
+    # Loading takes ~1.6 s, the failure comes right after it, the port holder lingers 2 s (5-6 s
+    # a trial, idle or loaded); the ready timeout is 60 s.
     config = write_config(
         tmp_path,
         space=f"mem_fraction_static = {{ choices = [{mfs}] }}\nspeculative_num_steps = {{ choices = [2] }}",
@@ -59,7 +60,7 @@ def test_memory_failures_are_pruned_with_their_reason_in_seconds(tmp_path, mfs, 
     (trial,) = _study(tmp_path).trials
     assert trial.state == TrialState.PRUNED
     assert reason in trial.user_attrs["fail_reason"] and f"mem_fraction_static={mfs}" in trial.user_attrs["fail_reason"]
-    assert (trial.datetime_complete - trial.datetime_start).total_seconds() < 8
+    assert (trial.datetime_complete - trial.datetime_start).total_seconds() < 20
     assert "Received sigquit from a child process" in trial.user_attrs["log_tail"]
     assert "no trial completed (1 pruned)" in result.stdout
 

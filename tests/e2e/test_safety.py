@@ -91,13 +91,16 @@ def test_a_hung_server_fails_the_trial_within_the_stall_timeout(tmp_path):
     config = write_config(tmp_path, env='SGLANG_EMULATOR_LOAD_SCALE = "0.005", SGLANG_EMULATOR_TIME_SCALE = "0.25", SGLANG_EMULATOR_FAULT = "hang_after_tokens=100"',
                           bench="max_tokens = 48\nsingle_requests = 2\nconcurrency = 4\nconcurrent_requests = 8\nstall_timeout_s = 3",
                           space="speculative_num_steps = { choices = [2] }")
-    started = time.monotonic()
     result = run_cli("--trials", "1", "--config", str(config))
     assert result.returncode == 0, result.stderr
     (trial,) = _study(tmp_path).trials
     assert trial.state == TrialState.FAIL
     assert "sent nothing for 3 s mid-benchmark: it hangs" in trial.user_attrs["fail_reason"]
-    assert time.monotonic() - started < 40
+    # The trial (launch to FAIL: 7-9 s idle and loaded), not the command's own imports and set-up
+    # (3 s idle, 15-25 s on a loaded 2-core machine).  A broken detector waits out the default
+    # stall_timeout_s, 60 s.
+    took = (trial.datetime_complete - trial.datetime_start).total_seconds()
+    assert took < 30, took
 
 
 def test_the_api_key_is_used_and_never_recorded(tmp_path):

@@ -26,7 +26,7 @@ F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux; Python 3.10+ names
 # Start-up of ~3 s (readiness is a moment of its own) and decode steps in real time.
 SLOW_ENV = 'SGLANG_EMULATOR_LOAD_SCALE = "0.03", SGLANG_EMULATOR_TIME_SCALE = "1"'
 BENCH = "max_tokens = 200\nwarmup_requests = 2\nsingle_requests = 3\nsingle_min_passes = 2\nsingle_max_passes = 2\nconcurrency = 4\nconcurrent_requests = 12"
-EXIT_WITHIN_S = 10.0
+EXIT_WITHIN_S = 20.0  # ~2.5 s idle (the server's 2 s port linger included), 4.4 s at load 6; a hang is 60 s
 MOMENT_TIMEOUT_S = 180.0  # a moment reached on an idle machine in under 40 s
 
 # (name, a line of the log that marks the moment, whether the study measures its baselines)

@@ -156,14 +156,16 @@ def test_a_unit_in_a_restart_loop_is_a_pruned_trial_not_a_timeout(tmp_path, host
     name = f"sglang-c{port}"
     path = make_unit(host, name, port, restart="always", start=False)
     cfg = config(tmp_path, host, unit=name, port=port, space="mem_fraction_static = { choices = [0.60] }\nspeculative_num_steps = { choices = [2] }")
-    started = time.monotonic()
     result = run_cli("--trials", "1", "--config", str(cfg))
     assert result.returncode == 0, result.stderr
     (trial,) = _study(tmp_path, name).trials
     assert trial.state == TrialState.PRUNED
     assert "KV cache does not fit" in trial.user_attrs["fail_reason"]
     assert "Loaded weights leave no GPU memory" in trial.user_attrs["log_tail"]
-    assert time.monotonic() - started < 45
+    # The trial, not the command's imports and set-up (which a loaded machine stretches to 15-25 s):
+    # a restart loop read as a timeout would wait out ready_timeout_s.
+    took = (trial.datetime_complete - trial.datetime_start).total_seconds()
+    assert took < 30, took
     assert ssh(host, f"systemctl is-active {name}", check=False).stdout.strip() != "active"
     ssh(host, f"systemctl stop {name}; rm -f {path}; systemctl daemon-reload")
 
