@@ -216,3 +216,19 @@ def test_noise_is_set_per_objective_and_a_bad_value_is_a_one_line_error(monkeypa
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "--noise 0.03,six: give one or two relative stds, e.g. 0.03 or 0.03,0.06" in err
+
+
+def test_a_request_class_study_is_scored_on_the_classs_truth_and_ranked_by_the_model(monkeypatch):
+    # --request-class long_context: the study's first objective is that class's single-stream rate,
+    # its truth the landscape's expectation for 16,000-token prompts (slower than the mix's), and
+    # the trials record the mix's rate (single_tps_runs) from which the model predicts the class.
+    monkeypatch.setattr(B, "REQUEST_CLASS", "long_context")
+    monkeypatch.setattr(B, "_CACHE", {})
+    lands = B.landscape("qwen-demo")
+    params = dataclasses.replace(lands.base, speculative_num_steps=3, speculative_eagle_topk=1,
+                                 speculative_num_draft_tokens=4, mem_fraction_static=0.85)
+    e = lands.expect(params)
+    assert e.single_tps < 0.95 * lands.mix_single[B._key(params)]
+    assert B._server_attrs(lands, e, params, 0)["single_tps_runs"][0] == pytest.approx(lands.mix_single[B._key(params)], rel=0.1)
+    run = B.simulate("qwen-demo", "auto: model (--sampler model) (DEFAULT)", seed=0, n_trials=10)
+    assert run["at"][10]["hv"] > 0.9, run["at"]
