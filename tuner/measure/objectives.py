@@ -11,11 +11,26 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass
 from types import ModuleType
+from typing import NamedTuple
 
 from tuner.errors import ConfigError
 from tuner.measure.runner import Measurement
 
-__all__ = ["Objective", "available", "load_objectives", "check_classes", "score"]
+__all__ = ["Objective", "ObjectiveName", "split_name", "available", "load_objectives", "check_classes", "score"]
+
+
+class ObjectiveName(NamedTuple):
+    base: str  # the module: single_tps, concurrent_tps, ...
+    level: str  # after '@': the concurrency level, "" for none
+    request_class: str  # after ':': the request class, "" for none
+
+
+def split_name(name: str) -> ObjectiveName:
+    """`concurrent_tps@16:long_context` -> (concurrent_tps, 16, long_context): the one reading of
+    an objective's name (load_objectives checks what it names; the search reads what it scores)."""
+    head, _, request_class = name.partition(":")
+    base, _, level = head.partition("@")
+    return ObjectiveName(base, level, request_class)
 
 
 @dataclass(frozen=True)
@@ -58,11 +73,10 @@ def _module(name: str) -> ModuleType:
 def load_objectives(names: list[str], concurrency_levels: list[int]) -> list[Objective]:
     out: list[Objective] = []
     for name in names:
-        base, _, request_class = name.partition(":")
+        base, level, request_class = split_name(name)
         if request_class:
-            out.append(_per_class(name, base, request_class, concurrency_levels))
+            out.append(_per_class(name, base, level, request_class, concurrency_levels))
             continue
-        base, _, level = name.partition("@")
         module = _module(base)
         takes_level = "level" in inspect.signature(module.score).parameters
         if level:
@@ -78,8 +92,7 @@ def load_objectives(names: list[str], concurrency_levels: list[int]) -> list[Obj
     return out
 
 
-def _per_class(name: str, base: str, request_class: str, concurrency_levels: list[int]) -> Objective:
-    base, _, level = base.partition("@")
+def _per_class(name: str, base: str, level: str, request_class: str, concurrency_levels: list[int]) -> Objective:
     module = _module(base)
     parameters = inspect.signature(module.score).parameters
     if "request_class" not in parameters:

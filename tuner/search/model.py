@@ -49,6 +49,7 @@ from optuna.trial import FrozenTrial, TrialState
 from scipy.optimize import nnls
 from scipy.stats import norm
 
+from tuner.measure.objectives import split_name
 from tuner.results import record
 
 __all__ = ["Shape", "Launch", "launches", "reach_from_histogram", "pooled_depth_rates", "tree_reach",
@@ -1334,8 +1335,8 @@ def class_base(name: str) -> str | None:
     """The mix's figure a class objective is a share of: `single_tps:<class>` -> single_tps,
     `concurrent_tps:<class>` -> concurrent_tps; None for any other name (at a level, `@`, the
     batch is not the one the model predicts)."""
-    head, sep, cls = name.partition(":")
-    return head if sep and cls and head in ("single_tps", "concurrent_tps") else None
+    base, level, request_class = split_name(name)
+    return base if request_class and not level and base in ("single_tps", "concurrent_tps") else None
 
 
 # Prior std of the weights of log(class / mix): the intercept (a class 2.7x faster or slower is

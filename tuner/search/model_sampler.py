@@ -46,6 +46,7 @@ import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.measure.objectives import split_name
 from tuner.search import model as M
 from tuner.search.space import DEFAULT_STEPS, grid
 from tuner.results import record
@@ -279,7 +280,8 @@ class ModelSampler(optuna.samplers.BaseSampler):
             # beats by construction, in its first four launches on the demo.
             done = {M._shape_of(t.user_attrs.get(record.FLAGS) or t.params) for t in trials if t.state.is_finished()}
             if topk != 1 and params.get("speculative_num_draft_tokens") is not None:
-                return self._shape_of(params) not in set(shapes) or M.Shape(*self._shape_of(params)) in done
+                shape = self._shape_of(params)
+                return shape not in set(shapes) or M.Shape(*shape) in done
             return all(M.Shape(*sh) in done for sh in shapes if sh[:2] == (steps, topk))
         launched = {c: t.state == TrialState.COMPLETE for t in trials if t.state.is_finished() and (c := _config(t)) is not None}
         if topk != 1 and params.get("speculative_num_draft_tokens") is not None:  # the draft count too
@@ -606,7 +608,7 @@ def _pool_matters(names: list[str]) -> bool:
     learns where the pool's edge is; a study of single-stream speed or accept length gains
     nothing from it (a single_tps study on the demo raised (5, 4, 10) 0.82 -> 0.85 for 236.5
     tok/s against 237.9, its third launch of four)."""
-    return any(n.split("@")[0].split(":")[0] in ("capacity", "slo_capacity", "concurrent_tps") for n in names)
+    return any(split_name(n).base in ("capacity", "slo_capacity", "concurrent_tps") for n in names)
 
 
 _REDRAWS = 8  # draws for a shape other than a spent chain, as MemoryEdgeSampler's dedupe
