@@ -3,13 +3,12 @@ switch lines, /server_info, and the silent fallback to static."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-import time
 
 import httpx
 import pytest
+
+from ..conftest import loads_while_streaming
 
 pytestmark = pytest.mark.e2e
 
@@ -20,31 +19,6 @@ FAST = {"SGLANG_EMULATOR_TIME_SCALE": "0.2"}
 def _generate(url: str, tokens: int) -> dict:
     body = {"text": "Explain how a hash map works.", "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True, "temperature": 0}}
     return httpx.post(url + "/generate", json=body, timeout=120).json()
-
-
-def _in_flight_until(url: str, log, line: str, requests: int = 6, timeout: float = 180.0) -> None:
-    """`requests` streamed requests running at once (each has sent a first chunk, and none can
-    finish: far more tokens than the wait takes) until `line` is in the log; then the streams are
-    closed and the server drops them (a client gone). Threads posting short requests were
-    assumed to overlap, and on a loaded machine they ran one after another: no switch to 0
-    steps (a fresh-clone suite beside a benchmark)."""
-    body = {"text": "Explain how a hash map works.", "stream": True,
-            "sampling_params": {"max_new_tokens": 100000, "ignore_eos": True, "temperature": 0}}
-
-    async def run() -> None:
-        async with httpx.AsyncClient(timeout=120) as client, contextlib.AsyncExitStack() as stack:
-            streams = [await stack.enter_async_context(client.stream("POST", url + "/generate", json=body))
-                       for _ in range(requests)]
-            for stream in streams:
-                async for chunk in stream.aiter_bytes():
-                    if chunk.strip():
-                        break
-            deadline = time.monotonic() + timeout
-            while line not in log():
-                assert time.monotonic() < deadline, f"{line!r} not in the log {timeout} s after {requests} requests ran at once"
-                await asyncio.sleep(0.05)
-
-    asyncio.run(run())
 
 
 def test_config_file_steps_follow_the_batch_size_with_sglangs_log_lines(start_emulator, tmp_path):
@@ -63,7 +37,10 @@ def test_config_file_steps_follow_the_batch_size_with_sglangs_log_lines(start_em
     assert (info["speculative_num_steps"], info["speculative_eagle_topk"], info["speculative_num_draft_tokens"]) == (1, 1, 2)
 
     single = _generate(emu.url, 200)  # level 1: one request
-    _in_flight_until(emu.url, emu.log, "Switch adaptive runtime state: steps 3 -> 0, draft_tokens 4 -> 1")  # level 6
+    # Six requests at once (streams that cannot finish: threads posting short requests ran one after
+    # another on a loaded machine, and no switch to 0 steps came), until the switch is logged.
+    switch = "Switch adaptive runtime state: steps 3 -> 0, draft_tokens 4 -> 1"
+    loads_while_streaming(emu.url, 6, lambda _: switch in emu.log(), timeout=180, what="the switch to 0 steps at six requests")
     for _ in range(5):  # back to one request, once the server has dropped the closed streams
         _generate(emu.url, 100)
         if "Switch adaptive runtime state: steps 0 -> 3" in emu.log():
