@@ -639,10 +639,12 @@ def test_a_deeper_chain_is_novel_for_its_depth_once_not_again_for_its_draft_toke
     assert M.Model._shape_novelty(stub, 7, 2, 15) == pytest.approx(0.3 + 4 / 15)
 
 
-def _slo_study(name: str, seed: int = 0) -> tuple[optuna.Study, list[float], list[bool]]:
-    """Ten launches of a study with slo_capacity, which the model does not predict, on `_truth`
-    with 6 GiB of memory the capture needs and no server reports: the top of the range (0.90)
-    fails for every shape, 0.87 starts every tree."""
+def _slo_study(name: str, seed: int = 0, latency_bound: bool = False) -> tuple[optuna.Study, list[float], list[bool]]:
+    """Ten launches of a study with slo_capacity, which the model does not predict here (no
+    promise recorded), on `_truth` with 6 GiB of memory the capture needs and no server reports:
+    the top of the range (0.90) fails for every shape, 0.87 starts every tree.  With
+    `latency_bound` each trial records its slo_capacity (12) below its running requests (48), as
+    the load search does when the latency promise breaks first."""
     study = optuna.create_study(directions=["maximize"] * 2, sampler=make_sampler(name, seed, n_objectives=2))
     study.set_metric_names(["single_tps", "slo_capacity"])
     fractions, started = [], []
@@ -658,7 +660,7 @@ def _slo_study(name: str, seed: int = 0) -> tuple[optuna.Study, list[float], lis
             trial.set_user_attr(record.FAILURE_KIND, "memory_graph")
             study.tell(trial, state=TrialState.PRUNED)
             continue
-        for k, v in attrs.items():
+        for k, v in {**attrs, **({record.SLO_CAPACITY: min(values[2], 12)} if latency_bound else {})}.items():
             trial.set_user_attr(k, v)
         study.tell(trial, [values[0], min(values[2], 12)])
     return study, fractions, started
@@ -694,6 +696,13 @@ def test_a_study_the_model_cannot_rank_still_launches_where_its_memory_model_say
             if ok:
                 highest[shape] = max(highest.get(shape, 0.0), t.params["mem_fraction_static"])
     assert probes  # the edge is learned by probes of front shapes, as the model sampler's own studies do
+    # Where the latency promise, not the pool, caps slo_capacity at every shape launched, a larger
+    # pool adds nothing the study scores: no launch is spent learning its edge.
+    for seed in range(3):
+        study, fractions, started = _slo_study("model", seed, latency_bound=True)
+        notes = [t.user_attrs[record.MODEL_NOTE] for t in study.trials]
+        assert not any(n.startswith("model: a reserve probe") for n in notes), (seed, notes)
+        assert started.count(False) <= 1, (seed, fractions, started)
     _, _, walked = _slo_study("edge")
     assert walked.count(False) >= 2  # the landscape's premise: the walk from the top fails here
 
@@ -771,3 +780,85 @@ def test_a_study_that_leaves_the_fraction_to_the_server_launches_no_tree_the_cha
         assert len(set(shapes)) == len(shapes), (seed, shapes)
         trees = [(s, d) for s, k, d in shapes if k > 1]
         assert all(s <= d - 1 and d > 2 for s, d in trees), (seed, shapes)
+
+
+_ITL_PROMISE = 8.0  # p95_itl_ms of the SLO studies below
+
+
+def _slo_truth(steps, topk, draft, mfs):
+    """(running requests the pool allows, slo_capacity, p95 ITL against load) on `_truth`: running
+    requests are the KV tokens over 16,384 (at most 48); the p95 inter-token latency is 1.4x the
+    mean per-token one, growing with log load, the step time interpolated between `_truth`'s
+    batch-1 and batch-32 times; slo_capacity the most requests in flight, up to the running ones,
+    within the promise."""
+    _, values, attrs = _truth(steps, topk, draft, mfs)
+    accept = attrs[record.ACCEPT_LENGTH]
+    step1, step32 = accept / values[0] * 1000, 32 * accept / values[1] * 1000
+
+    def p95(load):
+        return 1.4 * (1 + 0.1 * math.log(load)) * (step1 + (step32 - step1) * (load - 1) / 31) / accept
+
+    running = min(48, attrs[record.MAX_TOTAL_NUM_TOKENS] // 16384)
+    holding = 0
+    while holding < running and p95(holding + 1) <= _ITL_PROMISE:
+        holding += 1
+    return running, holding, p95
+
+
+def _slo_model_study(seed: int, promise: dict | None = None, trials: int = 8) -> optuna.Study:
+    """A study of single_tps and slo_capacity on `_slo_truth`; each trial records what the
+    tuner's load search does: the promise, and the p95 ITL at the single stream's load, the
+    concurrent phase's (16) and the two loads the search ended between."""
+    study = optuna.create_study(directions=["maximize"] * 2, sampler=make_sampler("model", seed, n_objectives=2))
+    study.set_metric_names(["single_tps", "slo_capacity"])
+    for _ in range(trials):
+        trial = study.ask()
+        p = suggest(trial, SPACE, Params())
+        trial.set_user_attr(record.FLAGS, p.as_dict())
+        shape = (p.speculative_num_steps, p.speculative_eagle_topk, p.speculative_num_draft_tokens or p.speculative_num_steps + 1)
+        ok, values, attrs = _truth(*shape, p.mem_fraction_static)
+        if not ok:
+            trial.set_user_attr(record.FAILURE_KIND, "memory_graph")
+            study.tell(trial, state=TrialState.PRUNED)
+            continue
+        running, holding, p95 = _slo_truth(*shape, p.mem_fraction_static)
+        loads = sorted({1, 16, max(holding, 1), min(holding + 1, running)})
+        attrs = {**attrs, record.MAX_RUNNING_REQUESTS: running, record.SLO_CAPACITY: holding,
+                 record.SLO_PROMISE: promise or {"p95_itl_ms": _ITL_PROMISE, "attainment": 0.95, "arrival": "closed"},
+                 record.SLO_CURVE: [{"load": c, "p95_itl_ms": round(p95(c), 3), "holds": c <= holding} for c in loads]}
+        for k, v in attrs.items():
+            trial.set_user_attr(k, v)
+        study.tell(trial, [values[0], holding])
+    return study
+
+
+def test_slo_capacity_is_ranked_by_the_model_from_the_step_time_the_pool_and_the_measured_latencies():
+    # A study of slo_capacity went to TPE's start-up draws ("model sampler off: it does not
+    # predict slo_capacity"), the memory model choosing only the fraction.  The model predicts it
+    # as the most requests in flight whose predicted p95 ITL (the step time's per-token ITL times
+    # a ratio fitted on the measured load points) is within the promise, and no more than the
+    # running requests the pool allows.
+    from tuner.search.model_sampler import predicted_front
+
+    names = ["single_tps", "slo_capacity"]
+    for seed in range(3):
+        study = _slo_model_study(seed)
+        notes = [t.user_attrs[record.MODEL_NOTE] for t in study.trials]
+        assert all(n.startswith("model:") and "off" not in n for n in notes), (seed, notes)
+        model, why = M.fit(study.get_trials(), names)
+        assert model is not None, why
+        launched = {M._shape_of(t.params) for t in study.trials}
+        unseen = [(s, k, d) for s in range(1, 5) for k in (1, 2) for d in range(2, 9)
+                  if (k == 1 and d == s + 1 or k == 2 and s + 1 < d <= 2 * s + 1) and M.Shape(s, k, d) not in launched]
+        for mfs in (0.80, 0.90):  # a pool of 24 running requests and one of 28
+            steps, topk, draft = (list(x) for x in zip(*unseen))
+            mids, sds = model.predict(steps, topk, draft, [mfs] * len(unseen), names).columns(names)
+            truth = np.array([_slo_truth(*shape, mfs)[1] for shape in unseen])
+            assert np.all(np.abs(mids[:, 1] - truth) <= 2), (seed, mfs, list(zip(unseen, mids[:, 1], truth)))
+            assert len(set(truth)) > 3  # the premise: the latency, not the pool alone, ranks the shapes
+    header, rows, _ = predicted_front(study, SPACE, Params())
+    assert header[5] == "slo_capacity" and rows
+    # A promise the step time says nothing about (TTFT alone) is not predicted: TPE's shapes, the
+    # memory model's fractions, as before.
+    study = _slo_model_study(0, {"p95_ttft_ms": 500, "attainment": 0.95, "arrival": "closed"}, trials=4)
+    assert "slo_capacity is not predicted" in study.trials[-1].user_attrs[record.MODEL_NOTE]

@@ -32,6 +32,11 @@ capacity and whether the server starts, each with an uncertainty:
   grids under which the launch fits; every memory failure keeps only the grid points under which
   it would have failed (a graph OOM needed more than the capture log's free memory).
 
+- Objectives beyond those three: a request class's speed as the mix's times a fitted ratio
+  (`ClassRatio`); slo_capacity as the most requests in flight whose predicted ITL percentile
+  (the step time's per-token ITL times a fitted ratio) keeps its promise, up to the running
+  requests the pool allows (`SloFit`).
+
 Throughput uncertainties are residual-based log-normal spreads, widened for shapes unlike any
 measured one (an unseen topk, deeper or wider than measured) and by the fit's own error.
 A measured shape is anchored: at another fraction it is predicted from its own measurement, and
@@ -53,7 +58,7 @@ from tuner.measure.objectives import split_name
 from tuner.results import record
 
 __all__ = ["Shape", "Launch", "launches", "reach_from_histogram", "pooled_depth_rates", "tree_reach",
-           "memory_line", "Model", "fit", "Prediction", "class_base"]
+           "memory_line", "Model", "fit", "Prediction", "class_base", "SloFit"]
 
 _KNEES = (32.0, 64.0, 128.0, 192.0, 256.0, 384.0, 512.0, 768.0, 1024.0, 2048.0, 1e9)
 _MEM_FAILURES = ("memory_graph", "memory_runtime")
@@ -148,6 +153,8 @@ def _mix_values(attrs: dict, names: list[str]) -> dict[str, float]:
     predicts a class as a ratio to it (ClassRatio)."""
     out: dict[str, float] = {}
     bases = {class_base(n) for n in names} - {None}
+    if "slo_capacity" in names:  # its load search stands on the step time, fitted on the mix's rates
+        bases |= {"single_tps", "concurrent_tps"}
     runs = attrs.get(record.SINGLE_TPS_RUNS)
     if "single_tps" in bases and runs:
         out["single_tps"] = float(np.mean(runs))  # measure/phases.py · single_phase: their mean
@@ -1081,6 +1088,7 @@ class Prediction:
     # Objectives of one request class (`single_tps:<class>`, `concurrent_tps:<class>`): name ->
     # (median, log-space std), the mix's figure times the class's fitted ratio (ClassRatio).
     classes: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    slo_capacity: tuple[np.ndarray, np.ndarray] | None = None  # (median, log-space std), with a SloFit
 
     def columns(self, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(medians, log-space stds), one column per objective name, in the study's order."""
@@ -1088,8 +1096,9 @@ class Prediction:
         return np.stack([cols[n][0] for n in names], axis=1), np.stack([cols[n][1] for n in names], axis=1)
 
     def _own(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        return {"single_tps": (self.single, self.sd[:, 0]), "concurrent_tps": (self.concurrent, self.sd[:, 1]),
-                "capacity": (self.capacity, self.sd[:, 2])}
+        own = {"single_tps": (self.single, self.sd[:, 0]), "concurrent_tps": (self.concurrent, self.sd[:, 1]),
+               "capacity": (self.capacity, self.sd[:, 2])}
+        return own if self.slo_capacity is None else {**own, "slo_capacity": self.slo_capacity}
 
     def interval(self, i: int, z: float = 1.64) -> dict[str, list[float]]:
         """90% intervals of candidate i, for reports."""
@@ -1101,7 +1110,7 @@ class Prediction:
             sd = max(float(spread[i]), REPORT_NOISE)
             lo, hi = m * math.exp(-z * sd), m * math.exp(z * sd)
             # Capacity counts requests: whole numbers, as the server's own figure is.
-            out[name] = [math.floor(lo), math.floor(m), math.floor(hi)] if name == "capacity" else [round(lo, 1), round(m, 1), round(hi, 1)]
+            out[name] = [math.floor(lo), math.floor(m), math.floor(hi)] if name in ("capacity", "slo_capacity") else [round(lo, 1), round(m, 1), round(hi, 1)]
         out["p_start"] = round(float(self.p_start[i]), 3)
         return out
 
@@ -1127,10 +1136,15 @@ class Model:
     ranks: int = 1
     # Objectives of one request class: name -> its ratio to the mix's figure (ClassRatio).
     classes: dict[str, "ClassRatio"] = field(default_factory=dict)
+    slo: "SloFit | None" = None  # slo_capacity, when the study scores it
 
     def predict(self, steps, topk, draft, mfs, names: list[str] | None = None) -> Prediction:
         """Every candidate's prediction; with `names`, also the class objectives among them."""
         pred = self._predict(steps, topk, draft, mfs)
+        if self.slo is not None:
+            _, running = self.memory.pool(np.atleast_1d(np.asarray(mfs, dtype=float)), np.atleast_1d(np.asarray(draft)))
+            mid, sd = self.slo.predict(self, steps, topk, draft, running)
+            pred.slo_capacity = (mid, np.hypot(sd, pred.sd[:, 2]))
         for name in names or []:
             ratio = self.classes.get(name)
             if ratio is not None:
@@ -1287,13 +1301,17 @@ def fit(trials: list[FrozenTrial], metric_names: list[str] | None) -> tuple[Mode
             if ratio is None:
                 return None, f"no launch measured both {name} and {class_base(name)}"
             model.classes[name] = ratio
+    if "slo_capacity" in (metric_names or []):
+        model.slo = _fit_slo(model, ok)
+        if model.slo is None:
+            return None, "no ITL promise of a closed loop measured: slo_capacity is not predicted"
     return model, "fitted on %d launches" % len(ls)
 
 
 def fit_memory(trials: list[FrozenTrial]) -> Memory | None:
     """The memory model alone, which needs no throughput: for a study whose objectives the
-    model does not predict (slo_capacity, accept_length) or that sets SLO constraints.  None
-    before a launch started or when the server reports no memory_usage."""
+    model does not predict (accept_length; slo_capacity under TTFT promises alone) or that sets
+    SLO constraints.  None before a launch started or when the server reports no memory_usage."""
     return _fit_memory([x for x in launches(trials, None) if not x.running])
 
 
@@ -1395,3 +1413,99 @@ def _fit_class_ratio(model: Model, ok: list[Launch], name: str) -> ClassRatio | 
     for x, value in zip(rows, r):
         anchors.setdefault(x.shape, []).append(float(value))
     return ClassRatio(base, mean, cov, {shape: float(np.mean(v)) for shape, v in anchors.items()})
+
+
+# --- the load a configuration holds within its SLO ----------------------------------------------
+
+# Prior std of the weights of log(measured ITL percentile / the step time's mean per-token ITL):
+# the intercept (a p95 is 1-3x the mean: a step that accepts one token puts its whole time on
+# it), slopes in log accept length, in draft tokens / 8, and in log load / log 16 (under load the
+# prefills of replacing requests stretch some steps more than the mean).
+_SLO_PRIOR = np.array([1.0, 0.5, 0.5, 0.5])
+_SLO_NOISE = 0.1  # log-space std of one load point's percentile: 20-100 judged requests
+_SLO_MAX_LOAD = 1024  # loads evaluated per shape; a pool's running requests rarely reach it
+
+
+def _slo_features(acceptance: Acceptance, steps, topk, draft, load) -> np.ndarray:
+    load = np.maximum(np.atleast_1d(np.asarray(load, dtype=float)), 1.0)
+    return np.concatenate([_class_features(acceptance, steps, topk, draft), (np.log(load) / math.log(16))[:, None]], axis=1)
+
+
+@dataclass
+class SloFit:
+    """`slo_capacity` (closed loop: the most requests in flight within every ITL promise) as
+    the model sees it: at a load c the percentile an ITL promise names is the step time's mean
+    per-token ITL (StepTime.ms at batch c over the accept length) times a ratio fitted as a line
+    in the shape and the load (Bayesian linear regression, as ClassRatio) on every load point
+    the launches' searches measured (record.SLO_CURVE); the shape holds up to the last load
+    whose predicted percentiles are all within their promises, and never beyond the running
+    requests its pool allows (the search stops at the server's cap).  TTFT promises and the
+    goodput attainment are not modelled: a launched shape is predicted from its own measured
+    slo_capacity over the model's (`anchors`), so what they cost it is kept.  Why: a study of
+    slo_capacity went to TPE's start-up draws (six of its first ten launches), with the
+    memory model only choosing the fraction."""
+
+    promises: dict[str, float]  # "p95_itl_ms" -> limit, the ITL promises of [slo]
+    weights: dict[str, tuple[np.ndarray, np.ndarray]]  # promise -> (mean, cov) of its ratio's weights
+    anchors: dict = field(default_factory=dict)  # Shape -> mean log(measured / predicted slo_capacity)
+
+    def loads(self, model: "Model", shape: Shape, z: float = 0.0) -> int:
+        """The most requests in flight `shape` holds within every promise, `z` sds of the
+        ratio (and the step time's spread) above its median; 0 when one request breaks one."""
+        load = np.arange(1, _SLO_MAX_LOAD + 1, dtype=float)
+        n = len(load)
+        s, k, d = (np.full(n, v) for v in (shape.steps, shape.topk, shape.draft))
+        accept = model.acceptance.accept(shape)
+        itl = model.time.ms(s, k, d, load, np.full(n, accept), (load > 1).astype(float)) / accept
+        phi = _slo_features(model.acceptance, s, k, d, load)
+        holds = np.ones(n, dtype=bool)
+        for key, limit in self.promises.items():
+            mean, cov = self.weights[key]
+            sd = np.hypot(np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", phi, cov, phi), 0.0)), model.time.spread)
+            holds &= np.log(np.maximum(itl, 1e-6)) + phi @ mean + z * sd <= math.log(limit)
+        return int(np.argmin(holds)) if not holds.all() else n
+
+    def predict(self, model: "Model", steps, topk, draft, running) -> tuple[np.ndarray, np.ndarray]:
+        """(median, log-space std) of slo_capacity per candidate with `running` request slots."""
+        shapes = [Shape(int(a), int(b), int(c)) for a, b, c in zip(np.atleast_1d(steps), np.atleast_1d(topk), np.atleast_1d(draft))]
+        cache = {sh: (self.loads(model, sh), self.loads(model, sh, 1.0), self.loads(model, sh, -1.0)) for sh in set(shapes)}
+        mid, lo, hi = (np.array([cache[sh][j] for sh in shapes], dtype=float) for j in range(3))
+        running = np.maximum(np.asarray(running, dtype=float), 1.0)
+        factor = np.exp([self.anchors.get(sh, 0.0) for sh in shapes])
+        mid, lo, hi = (np.floor(np.minimum(v, running) * factor + 1e-6) for v in (mid, lo, hi))
+        sd = 0.5 * np.log(np.maximum(hi, 1.0) / np.maximum(lo, 1.0))
+        return mid, sd
+
+
+def _fit_slo(model: Model, ok: list[Launch]) -> SloFit | None:
+    promise = next((x.attrs.get(record.SLO_PROMISE) for x in ok if x.attrs.get(record.SLO_PROMISE)), None) or {}
+    itl = {k: float(v) for k, v in promise.items() if k.endswith("_itl_ms") and v}
+    if not itl or promise.get("arrival", "closed") != "closed":
+        return None  # a rate (Poisson arrivals) or TTFT alone: nothing the step time says
+    weights = {}
+    for key in itl:
+        rows = [(x, p) for x in ok for p in (x.attrs.get(record.SLO_CURVE) or []) if (p.get(key) or 0) > 0 and p.get("load")]
+        if not rows:
+            return None
+        steps, topk, draft = ([getattr(x.shape, f) for x, _ in rows] for f in ("steps", "topk", "draft"))
+        load = np.array([float(p["load"]) for _, p in rows])
+        running = np.array([float(x.attrs.get(record.MAX_RUNNING_REQUESTS) or p["load"]) for x, p in rows])
+        accept = np.array([model.acceptance.accept(x.shape) for x, _ in rows])
+        batch = np.minimum(load, running)
+        mean_itl = model.time.ms(steps, topk, draft, batch, accept, (load > 1).astype(float)) / accept
+        r = np.log([p[key] for _, p in rows]) - np.log(np.maximum(mean_itl, 1e-6))
+        phi = _slo_features(model.acceptance, steps, topk, draft, load)
+        cov = np.linalg.inv(phi.T @ phi / _SLO_NOISE**2 + np.diag(1 / _SLO_PRIOR**2))
+        weights[key] = (cov @ phi.T @ r / _SLO_NOISE**2, cov)
+    fit = SloFit(itl, weights)
+    _, running = model.memory.pool([x.mfs for x in ok], [x.shape.draft for x in ok])
+    measured = [(x, float(x.values["slo_capacity"])) for x in ok if x.values.get("slo_capacity") is not None]
+    if measured:
+        idx = [ok.index(x) for x, _ in measured]
+        pred, _ = fit.predict(model, [x.shape.steps for x, _ in measured], [x.shape.topk for x, _ in measured],
+                              [x.shape.draft for x, _ in measured], running[idx])
+        by_shape: dict[Shape, list[float]] = {}
+        for (x, value), p in zip(measured, pred):
+            by_shape.setdefault(x.shape, []).append(math.log(max(value, 0.5) / max(p, 0.5)))
+        fit.anchors = {sh: float(np.mean(v)) for sh, v in by_shape.items()}
+    return fit

@@ -27,10 +27,12 @@ doubles with each memory failure beyond one per ten launches (`_failure_price`);
 failures of launches it proposed only a candidate at P(start) >= 0.98 is launched while there
 is one (`_TRUSTED_P`).  While
 the unreported reserve is uncertain (and the study has failed fewer than two launches), a
-reserve probe (`_reserve_probe`) raises a measured shape,
+reserve probe (`_reserve_probe`) raises a measured shape, while an objective moves with the
+pool (`_pool_matters`: not slo_capacity where the latency promise caps it at every shape),
 and a climb is worth what the whole front would gain (`_climb_gain`); once it is
-known, a climb is worth its own gain.  Where it cannot rank configurations (SLO constraints,
-objectives it does not predict) the default sampler picks the shape and the memory model the
+known, a climb is worth its own gain.  Objectives: the model's three, a request class's speed
+(model.ClassRatio) and slo_capacity under an ITL promise (model.SloFit).  Where it cannot rank
+configurations (SLO constraints, objectives it does not predict) the default sampler picks the shape and the memory model the
 fraction (`_safe_fraction`), with a reserve probe every other trial while the reserve is
 unknown (`_fallback_probe`); where the server reports no memory_usage, the default sampler
 picks both.  Either says so in the trial's `model_note`; a poor throughput fit only widens the
@@ -195,7 +197,10 @@ class ModelSampler(optuna.samplers.BaseSampler):
         model, why = M.fit(trials, names)
         if model is None:
             if any(t.state == TrialState.COMPLETE for t in trials):
-                return Decision(fallback=True, note=f"model not fitted ({why}); the default sampler chose")
+                # slo_capacity without an ITL promise of a closed loop (TTFT alone, a rate) is as
+                # unpredicted as an objective the model does not know: the same probes.
+                probe = self._fallback_probe(study, fixed) if "slo_capacity" in names else None
+                return probe or Decision(fallback=True, note=f"model not fitted ({why}); the default sampler chose")
             return self._design(trials, shapes, mfs_values)
         # A poor throughput fit widens the throughput intervals (Model.predict) but keeps what
         # the model knows about memory: handing the study to a sampler that knows nothing about
@@ -304,7 +309,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
         shape to the highest fraction it has not launched at that starts with P 0.55-0.8.
         Without probes `_safe_fraction` kept demo-slo's shapes at 0.80-0.85, where the running
         requests a fraction allows capped slo_capacity (13 at best, 16-17 at the edge)."""
-        if self._space is None or self._space.mem_fraction_static is None or not _pool_matters(study.metric_names or []):
+        if self._space is None or self._space.mem_fraction_static is None or not _pool_matters(study.metric_names or [], study.get_trials(deepcopy=False)):
             return None
         trials = study.get_trials(deepcopy=False)
         finished = [t for t in trials if t.state.is_finished()]
@@ -395,9 +400,8 @@ class ModelSampler(optuna.samplers.BaseSampler):
         idx = np.flatnonzero(allowed)
         z = rng.standard_normal((1, self._draws, len(names)))
         samples = mids[idx, None, :] * np.exp(sds[idx, None, :] * z)
-        if "capacity" in names:  # never above the running-request cap, a known constant
-            c = names.index("capacity")
-            samples[..., c] = np.minimum(samples[..., c], model.memory.running_cap)
+        for c in (names.index(n) for n in ("capacity", "slo_capacity") if n in names):
+            samples[..., c] = np.minimum(samples[..., c], model.memory.running_cap)  # never above the cap, a known constant
         samples = samples / scale
         gain = expected_hv_gain(_pad3(front / scale), _pad3(samples))
         if "capacity" in names and _reserve_uncertain(model):
@@ -416,7 +420,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
         # it left the chains a step below, 20 seeds: HV at 10 95.1% vs 94.2%; family:0 at 20
         # 97.5% vs 96.8%).
         measured_shape = np.array([tuple(int(x) for x in row[:3]) in started for row in cand], dtype=bool)
-        probe = _reserve_probe(model, names, cand[idx], p, probe_gain, ~measured_shape[idx]) if failed < _PROBE_FAILURES else None
+        probe = _reserve_probe(model, names, trials, cand[idx], p, probe_gain, ~measured_shape[idx]) if failed < _PROBE_FAILURES else None
         if probe is not None:
             best = int(idx[probe])
         s, k, d, m = cand[best]
@@ -599,31 +603,49 @@ def _predictable(names: list[str]) -> bool:
     """Whether the model predicts every objective: its own three, and single_tps or
     concurrent_tps of one request class (`single_tps:long_context`: the mix's figure times the
     class's fitted ratio, model.ClassRatio)."""
-    return all(n in PREDICTED or M.class_base(n) is not None for n in names)
+    return all(n in PREDICTED or n == "slo_capacity" or M.class_base(n) is not None for n in names)
 
 
-def _pool_matters(names: list[str]) -> bool:
+def _pool_matters(names: list[str], trials: list[FrozenTrial]) -> bool:
     """Whether an objective moves with the static pool (running requests, the batch a level
-    runs at): capacity, slo_capacity, concurrent_tps (any level or class).  A reserve probe
-    learns where the pool's edge is; a study of single-stream speed or accept length gains
-    nothing from it (a single_tps study on the demo raised (5, 4, 10) 0.82 -> 0.85 for 236.5
-    tok/s against 237.9, its third launch of four)."""
-    return any(split_name(n).base in ("capacity", "slo_capacity", "concurrent_tps") for n in names)
+    runs at): capacity, concurrent_tps (any level or class), and slo_capacity while the pool
+    caps it somewhere (`_slo_pool_bound`).  A reserve probe learns where the pool's edge is; a
+    study of single-stream speed or accept length gains nothing from it (a single_tps study on
+    the demo raised (5, 4, 10) 0.82 -> 0.85 for 236.5 tok/s against 237.9, its third launch of
+    four)."""
+    bases = {split_name(n).base for n in names}
+    return bool(bases & {"capacity", "concurrent_tps"}) or ("slo_capacity" in bases and _slo_pool_bound(trials))
+
+
+def _slo_pool_bound(trials: list[FrozenTrial]) -> bool:
+    """Whether the running requests cap slo_capacity at some shape: at its highest launched
+    fraction the load search held up to the server's cap (record.SLO_CAPACITY >= its running
+    requests); True before any such measurement.  Where the latency promise breaks below the cap
+    at every shape, more pool adds nothing the study scores.  Why: the demo's SLO study (p95 ITL
+    <= 20 ms) spent four of its first six launches raising (3, 1, 4) 0.80 -> 0.92 while its
+    slo_capacity stayed at 15-16 under 17-22 running requests."""
+    top: dict = {}
+    for t in trials:
+        c, slo = _config(t), t.user_attrs.get(record.SLO_CAPACITY)
+        if t.state == TrialState.COMPLETE and c is not None and slo is not None and t.user_attrs.get(record.MAX_RUNNING_REQUESTS):
+            if c[:3] not in top or c[3] > top[c[:3]][0]:
+                top[c[:3]] = (c[3], float(slo) >= float(t.user_attrs[record.MAX_RUNNING_REQUESTS]))
+    return not top or any(bound for _, bound in top.values())
 
 
 _REDRAWS = 8  # draws for a shape other than a spent chain, as MemoryEdgeSampler's dedupe
 _PROBE_P = (0.55, 0.8)  # a reserve probe starts with this probability: a failure is the price of learning
 
 
-def _reserve_probe(model: M.Model, names: list[str], cand: np.ndarray, p_start: np.ndarray, gain: np.ndarray,
-                   first: np.ndarray) -> int | None:
+def _reserve_probe(model: M.Model, names: list[str], trials: list[FrozenTrial], cand: np.ndarray, p_start: np.ndarray,
+                   gain: np.ndarray, first: np.ndarray) -> int | None:
     """While the unreported reserve is known only within more than 2% of the memory, the next
     launch is a measured shape at a higher fraction that starts with P 0.55-0.8 (the most
     gain among them): each success lowers the reserve's bound for every shape at once, each
     failure raises it, so new shapes can then start near the edge at P >= 0.9 instead of
     climbing one fraction step per launch.  None when the reserve is known, no objective moves with the pool
     (`_pool_matters`), or no such candidate."""
-    if not _reserve_uncertain(model) or not _pool_matters(names):
+    if not _reserve_uncertain(model) or not _pool_matters(names, trials):
         return None
     ok = (~first) & (p_start >= _PROBE_P[0]) & (p_start <= _PROBE_P[1]) & (gain > 0)
     if not ok.any():
