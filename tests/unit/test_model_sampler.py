@@ -713,21 +713,31 @@ def _long_context(steps, topk, draft):
     return 0.6 / (1 + 0.04 * (draft - 1))
 
 
+def _launch_on_truth(study: optuna.Study, reserve_gib: float = 0.0):
+    """Ask `study` for a trial and launch it on `_truth`, `reserve_gib` more memory needed by the
+    capture than any server reports: (trial, shape, params, values, attrs), or None when it did
+    not start (told PRUNED, a graph OOM)."""
+    trial = study.ask()
+    p = suggest(trial, SPACE, Params())
+    trial.set_user_attr(record.FLAGS, p.as_dict())
+    shape = (p.speculative_num_steps, p.speculative_eagle_topk, p.speculative_num_draft_tokens or p.speculative_num_steps + 1)
+    ok, values, attrs = _truth(*shape, p.mem_fraction_static)
+    if not ok or attrs[record.MEMORY_USAGE]["startup_available"] <= 0.8 + reserve_gib:
+        trial.set_user_attr(record.FAILURE_KIND, "memory_graph")
+        study.tell(trial, state=TrialState.PRUNED)
+        return None
+    return trial, shape, p, values, attrs
+
+
 def _class_study(seed: int, trials: int = 8) -> optuna.Study:
     """A study of single_tps:long_context (with concurrent_tps and capacity) on `_truth`; each
     trial records the mix's single-stream rate as the tuner does (single_tps_runs)."""
     study = optuna.create_study(directions=["maximize"] * 3, sampler=make_sampler("model", seed, n_objectives=3))
     study.set_metric_names(["single_tps:long_context", "concurrent_tps", "capacity"])
     for _ in range(trials):
-        trial = study.ask()
-        p = suggest(trial, SPACE, Params())
-        trial.set_user_attr(record.FLAGS, p.as_dict())
-        shape = (p.speculative_num_steps, p.speculative_eagle_topk, p.speculative_num_draft_tokens or p.speculative_num_steps + 1)
-        ok, values, attrs = _truth(*shape, p.mem_fraction_static)
-        if not ok:
-            trial.set_user_attr(record.FAILURE_KIND, "memory_graph")
-            study.tell(trial, state=TrialState.PRUNED)
+        if (launched := _launch_on_truth(study)) is None:
             continue
+        trial, shape, _, values, attrs = launched
         for k, v in {**attrs, record.SINGLE_TPS_RUNS: [values[0]]}.items():
             trial.set_user_attr(k, v)
         study.tell(trial, [values[0] * _long_context(*shape), values[1], values[2]])
@@ -814,15 +824,9 @@ def _slo_model_study(seed: int, promise: dict | None = None, trials: int = 8, re
     study = optuna.create_study(directions=["maximize"] * 2, sampler=make_sampler("model", seed, n_objectives=2))
     study.set_metric_names(["single_tps", "slo_capacity"])
     for _ in range(trials):
-        trial = study.ask()
-        p = suggest(trial, SPACE, Params())
-        trial.set_user_attr(record.FLAGS, p.as_dict())
-        shape = (p.speculative_num_steps, p.speculative_eagle_topk, p.speculative_num_draft_tokens or p.speculative_num_steps + 1)
-        ok, values, attrs = _truth(*shape, p.mem_fraction_static)
-        if not ok or attrs[record.MEMORY_USAGE]["startup_available"] <= 0.8 + reserve_gib:
-            trial.set_user_attr(record.FAILURE_KIND, "memory_graph")
-            study.tell(trial, state=TrialState.PRUNED)
+        if (launched := _launch_on_truth(study, reserve_gib)) is None:
             continue
+        trial, shape, p, values, attrs = launched
         running, holding, p95 = _slo_truth(*shape, p.mem_fraction_static, promise.get("p95_itl_ms", _ITL_PROMISE))
         loads = sorted({1, 16, max(holding, 1), min(holding + 1, running)})
         attrs = {**attrs, record.MAX_RUNNING_REQUESTS: running, record.SLO_CAPACITY: holding,
