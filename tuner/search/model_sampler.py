@@ -32,11 +32,11 @@ pool (`_pool_matters`: not slo_capacity where the latency promise caps it at eve
 and a climb is worth what the whole front would gain (`_climb_gain`); once it is
 known, a climb is worth its own gain.  Objectives: the model's three, a request class's speed
 (model.ClassRatio) and slo_capacity under an ITL promise (model.SloFit).  Where it cannot rank
-configurations (SLO constraints, objectives it does not predict) the default sampler picks the shape and the memory model the
-fraction (`_safe_fraction`), with a reserve probe every other trial while the reserve is
-unknown (`_fallback_probe`); where the server reports no memory_usage, the default sampler
-picks both.  Either says so in the trial's `model_note`; a poor throughput fit only widens the
-intervals (issue #23).
+configurations (SLO constraints, objectives it does not predict) the default sampler picks the
+shape and the memory model the fraction (`_safe_fraction`), with a reserve probe every other
+trial while the reserve is unknown (`_fallback_probe`); where the server reports no
+memory_usage, the default sampler picks both.  Either says so in the trial's `model_note`; a
+poor throughput fit only widens the intervals (issue #23).
 """
 
 from __future__ import annotations
@@ -309,9 +309,9 @@ class ModelSampler(optuna.samplers.BaseSampler):
         shape to the highest fraction it has not launched at that starts with P 0.55-0.8.
         Without probes `_safe_fraction` kept demo-slo's shapes at 0.80-0.85, where the running
         requests a fraction allows capped slo_capacity (13 at best, 16-17 at the edge)."""
-        if self._space is None or self._space.mem_fraction_static is None or not _pool_matters(study.metric_names or [], study.get_trials(deepcopy=False)):
-            return None
         trials = study.get_trials(deepcopy=False)
+        if self._space is None or self._space.mem_fraction_static is None or not _pool_matters(study.metric_names or [], trials):
+            return None
         if _after_probe(trials):
             return None  # every other trial: the default sampler's shapes are the search
         memory = self._memory(study, trials)
