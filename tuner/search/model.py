@@ -1089,6 +1089,7 @@ class Prediction:
     # (median, log-space std), the mix's figure times the class's fitted ratio (ClassRatio).
     classes: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     slo_capacity: tuple[np.ndarray, np.ndarray] | None = None  # (median, log-space std), with a SloFit
+    running: np.ndarray | None = None  # the running requests each candidate's pool allows (Memory.pool)
 
     def columns(self, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(medians, log-space stds), one column per objective name, in the study's order."""
@@ -1142,8 +1143,7 @@ class Model:
         """Every candidate's prediction; with `names`, also the class objectives among them."""
         pred = self._predict(steps, topk, draft, mfs)
         if self.slo is not None:
-            _, running = self.memory.pool(np.atleast_1d(np.asarray(mfs, dtype=float)), np.atleast_1d(np.asarray(draft)))
-            mid, sd = self.slo.predict(self, steps, topk, draft, running)
+            mid, sd = self.slo.predict(self, steps, topk, draft, pred.running)
             pred.slo_capacity = (mid, np.hypot(sd, pred.sd[:, 2]))
         for name in names or []:
             ratio = self.classes.get(name)
@@ -1206,7 +1206,7 @@ class Model:
         # A shape unlike any launched may need graph memory no launch has shown: between the
         # fit and the upper bound that scales the most memory per graph token seen (Memory).
         p_start = m.start_probability(steps, topk, draft, mfs)
-        return Prediction(single, concurrent, capacity, accept, sd, p_start)
+        return Prediction(single, concurrent, capacity, accept, sd, p_start, running=running)
 
     def _kv_novelty(self, draft, mfs) -> np.ndarray:
         """Capacity's doubt from the per-draft-token reservation's range (hybrid models): none
@@ -1498,14 +1498,12 @@ def _fit_slo(model: Model, ok: list[Launch]) -> SloFit | None:
         cov = np.linalg.inv(phi.T @ phi / _SLO_NOISE**2 + np.diag(1 / _SLO_PRIOR**2))
         weights[key] = (cov @ phi.T @ r / _SLO_NOISE**2, cov)
     fit = SloFit(itl, weights)
-    _, running = model.memory.pool([x.mfs for x in ok], [x.shape.draft for x in ok])
-    measured = [(x, float(x.values["slo_capacity"])) for x in ok if x.values.get("slo_capacity") is not None]
+    measured = [x for x in ok if x.values.get("slo_capacity") is not None]
     if measured:
-        idx = [ok.index(x) for x, _ in measured]
-        pred, _ = fit.predict(model, [x.shape.steps for x, _ in measured], [x.shape.topk for x, _ in measured],
-                              [x.shape.draft for x, _ in measured], running[idx])
+        _, running = model.memory.pool([x.mfs for x in measured], [x.shape.draft for x in measured])
+        pred, _ = fit.predict(model, *([getattr(x.shape, f) for x in measured] for f in ("steps", "topk", "draft")), running)
         by_shape: dict[Shape, list[float]] = {}
-        for (x, value), p in zip(measured, pred):
-            by_shape.setdefault(x.shape, []).append(math.log(max(value, 0.5) / max(p, 0.5)))
+        for x, p in zip(measured, pred):
+            by_shape.setdefault(x.shape, []).append(math.log(max(float(x.values["slo_capacity"]), 0.5) / max(p, 0.5)))
         fit.anchors = {sh: float(np.mean(v)) for sh, v in by_shape.items()}
     return fit
