@@ -419,8 +419,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
         # it left the chains a step below, 20 seeds: HV at 10 95.1% vs 94.2%; family:0 at 20
         # 97.5% vs 96.8%).
         measured_shape = np.array([tuple(int(x) for x in row[:3]) in started for row in cand], dtype=bool)
-        probe = (_reserve_probe(model, names, trials, cand[idx], p, probe_gain, ~measured_shape[idx])
-                 if failed < _PROBE_FAILURES and ("capacity" in names or not _after_probe(trials)) else None)
+        probe = _reserve_probe(model, names, trials, cand[idx], p, probe_gain, ~measured_shape[idx]) if failed < _PROBE_FAILURES else None
         if probe is not None:
             best = int(idx[probe])
         s, k, d, m = cand[best]
@@ -657,8 +656,9 @@ def _reserve_probe(model: M.Model, names: list[str], trials: list[FrozenTrial], 
     gain among them): each success lowers the reserve's bound for every shape at once, each
     failure raises it, so new shapes can then start near the edge at P >= 0.9 instead of
     climbing one fraction step per launch.  None when the reserve is known, no objective moves with the pool
-    (`_pool_matters`), or no such candidate."""
-    if not _reserve_uncertain(model) or not _pool_matters(names, trials):
+    (`_pool_matters`), the last trial was a probe in a study without capacity (`_after_probe`), or
+    no such candidate."""
+    if not _reserve_uncertain(model) or not _pool_matters(names, trials) or ("capacity" not in names and _after_probe(trials)):
         return None
     ok = (~first) & (p_start >= _PROBE_P[0]) & (p_start <= _PROBE_P[1]) & (gain > 0)
     if not ok.any():
